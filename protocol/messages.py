@@ -1,0 +1,123 @@
+"""Typed messages between the learner and its actors.
+
+Every message is a tagged msgspec Struct: the tag is its `kind`, and each one carries the
+`protocol_version` it was written with and a `policy_version` (the newest weights its sender knew
+of). The codec (`protocol/codec.py`) encodes them as msgpack and checks them on the way in; nothing
+on the wire is ever unpickled or evaluated.
+
+Flow (ZeroMQ ROUTER at the learner, one DEALER per actor):
+    actor   -> learner   Hello, Heartbeat, Group
+    learner -> actor     Work, SyncWeights, Shutdown
+Weights themselves travel over a torch.distributed broadcast group (`protocol/weights.py`); the
+SyncWeights message only tells the actors to join the next broadcast.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+
+class _Message(msgspec.Struct, tag_field="kind", forbid_unknown_fields=True, frozen=True):
+    protocol_version: int
+    policy_version: int
+
+
+class Prompt(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """One prompt to sample a group for. `group_id` is unique for the run: the learner ingests a
+    group id at most once, so a prompt handed out again after an actor crash is never counted
+    twice."""
+
+    group_id: str
+    prompt_id: str
+    prompt_token_ids: list[int]
+    answer: str
+    n: int  # responses to sample for this prompt (fixed-N / HORA allocation / AR3PO cap)
+
+
+class RolloutSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """How an actor samples the prompts of one Work item.
+
+    strategy:
+      fixed  - `Prompt.n` responses per prompt in one engine call (GRPO, DAPO, HORA, Mu-GRPO).
+      staged - AR3PO: successive stages of `stage_sizes[s]` responses, a prompt leaves the active
+               set once it has a correct response.
+      aero   - AERO: `aero_explore` responses, then rescue rounds of `aero_rescue_step` for
+               all-fail prompts, while the pooled budget `aero_budget` lasts.
+    """
+
+    strategy: Literal["fixed", "staged", "aero"]
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stage_sizes: list[int] = []
+    aero_explore: int = 0
+    aero_rescue_step: int = 0
+    aero_max_rounds: int = 0
+    aero_max_per_prompt: int = 0
+    aero_budget: int = 0
+
+
+class Work(_Message, tag="work"):
+    """Learner -> actor: sample these prompts with this rollout policy."""
+
+    work_id: str
+    prompts: list[Prompt]
+    rollout: RolloutSpec
+
+
+class Sample(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """One generated response. `logprobs[t]` is the behaviour log-prob of `token_ids[t]` under the
+    weights of `policy_version`; `acc` is the verifier's verdict and `reward` the scalar the
+    learner trains on before any shaping it applies itself."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    policy_version: int
+    reward: float
+    acc: bool
+    truncated: bool
+    stage: int = 0  # AR3PO stage / AERO round that produced it (0 = first)
+
+
+class Group(_Message, tag="group"):
+    """Actor -> learner: every fresh response sampled for one prompt."""
+
+    group_id: str
+    prompt_id: str
+    actor_id: int
+    work_id: str
+    prompt_token_ids: list[int]
+    samples: list[Sample]
+    gen_time_s: float = 0.0
+
+
+class Hello(_Message, tag="hello"):
+    """Actor -> learner, once at start-up (and again after a restart)."""
+
+    actor_id: int
+    host: str
+    pid: int
+
+
+class Heartbeat(_Message, tag="heartbeat"):
+    """Actor -> learner, every `heartbeat_s`, so a dead actor is noticed and its work re-issued."""
+
+    actor_id: int
+    busy: bool
+
+
+class SyncWeights(_Message, tag="sync_weights"):
+    """Learner -> actor: join the weight broadcast for `policy_version` now."""
+
+
+class Shutdown(_Message, tag="shutdown"):
+    """Learner -> actor: finish and exit cleanly."""
+
+    reason: str = ""
+
+
+Message = Union[Work, Group, Hello, Heartbeat, SyncWeights, Shutdown]

@@ -1,0 +1,223 @@
+"""Weight-sync channel: the learner (rank 0) broadcasts its parameters to the actors (1..A).
+
+A dedicated process group beside DeepSpeed's default one: a `TCPStore` hosted by rank 0 and a
+`ProcessGroupGloo` (NCCL on GPU) on a `PrefixStore` over it. Not `init_process_group`, which the
+learner's DeepSpeed engine already owns.
+
+    group = WeightGroup.create("127.0.0.1", port, rank, world_size, timeout_s=60.0)
+    group.send(model.named_parameters())      # rank 0
+    group.receive(model.named_parameters())   # ranks 1..A, same model architecture
+    group.close()
+
+One sync, every rank in the same order:
+  1. header broadcast from rank 0: int64 [n_tensors, total_numel, crc32 of (name, dtype, shape)
+     list, bucket_bytes];
+  2. verdict all-gather: each rank says whether the header matches its own model, so a mismatch
+     makes *every* rank raise `WeightSyncError` naming the ranks, instead of broadcasting garbage
+     or leaving rank 0 to time out;
+  3. buckets: tensors grouped by dtype (first-appearance order), in named_parameters order within
+     a dtype, packed into flat buffers of at most `bucket_bytes` (a bigger tensor goes alone);
+     each bucket is broadcast and copied into the receiver's parameters in place.
+Flat buckets because one big broadcast beats many small ones (reference/CPU-STACK.md).
+
+Every failure (peers that never arrive, a peer that dies, a peer that stops taking part) raises
+`WeightSyncError` within about `timeout_s`: gloo's own timeout bounds each collective. After an
+error the group is unusable: close it and create a new one. Close before exit (an undestroyed
+gloo group can abort the process at interpreter shutdown).
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import time
+import zlib
+from collections.abc import Iterable
+
+import torch
+from torch.distributed import PrefixStore, TCPStore
+
+BUCKET_BYTES = 64 * 1024 * 1024
+
+
+class WeightSyncError(RuntimeError):
+    """The weight broadcast failed: timeout, dead peer, or a model that does not match."""
+
+
+class WeightGroup:
+    """One broadcast group: rank 0 sends, every other rank receives. Build with `create`."""
+
+    def __init__(self, rank: int, world_size: int, timeout_s: float, store, pg, device):
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self._store = store  # rank 0 hosts it: keep it alive as long as the group
+        self._pg = pg  # ProcessGroupGloo | ProcessGroupNCCL
+        self._device = device
+
+    @classmethod
+    def create(
+        cls,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        backend: str = "gloo",
+    ) -> WeightGroup:
+        """Join the group; rank 0 hosts the store on host:port. Raises `WeightSyncError` if the
+        other ranks have not all arrived within about `timeout_s` seconds."""
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world of {world_size}")
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+        timeout = datetime.timedelta(seconds=timeout_s)
+        what = f"weight group {host}:{port} rank {rank}/{world_size}"
+        try:
+            if rank != 0:  # TCPStore's own connect retries can run to ~2x its timeout
+                _wait_for_listener(host, port, timeout_s, what)
+            store = TCPStore(host, port, world_size, rank == 0, timeout, wait_for_workers=True)
+            prefixed = PrefixStore("weights", store)
+            pg = _make_process_group(backend, prefixed, rank, world_size, timeout)
+        except WeightSyncError:
+            raise
+        except Exception as e:  # noqa: BLE001 - c10d raises several RuntimeError subclasses
+            raise WeightSyncError(
+                f"{what}: setup failed (peers must all arrive within timeout {timeout_s} s): {e}"
+            ) from e
+        if backend == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            device = torch.device("cpu")
+        return cls(rank, world_size, timeout_s, store, pg, device)
+
+    def send(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = BUCKET_BYTES
+    ) -> None:
+        """Rank 0: broadcast these tensors (e.g. `model.named_parameters()`) to every actor."""
+        assert self.rank == 0, "only rank 0 sends"
+        named = [(n, t.detach()) for n, t in named_tensors]
+        self._check_header(_header(named, bucket_bytes))
+        for bucket in _buckets(named, bucket_bytes):
+            if len(bucket) == 1:  # one big tensor: no concatenation copy
+                flat = bucket[0][1].reshape(-1).contiguous()
+            else:
+                flat = torch.cat([t.reshape(-1) for _, t in bucket])
+            self._broadcast(flat.to(self._device), "bucket")
+
+    @torch.no_grad()
+    def receive(
+        self, named_params: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = BUCKET_BYTES
+    ) -> None:
+        """Ranks 1..A: receive rank 0's tensors into these parameters, in place."""
+        assert self.rank != 0, "rank 0 sends, it does not receive"
+        named = list(named_params)
+        self._check_header(_header(named, bucket_bytes))
+        for bucket in _buckets(named, bucket_bytes):
+            numels = [t.numel() for _, t in bucket]
+            flat = torch.empty(sum(numels), dtype=bucket[0][1].dtype, device=self._device)
+            self._broadcast(flat, "bucket")
+            for (_, param), chunk in zip(bucket, flat.split(numels)):
+                param.copy_(chunk.view_as(param))
+
+    def close(self) -> None:
+        """Destroy the group (and, on rank 0, the store). Idempotent."""
+        if self._pg is not None:
+            try:
+                self._pg.shutdown()
+            except Exception:  # noqa: BLE001 - best effort: peers may already be gone
+                pass
+            self._pg = None
+            self._store = None
+
+    def __enter__(self) -> WeightGroup:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- collectives, each bounded by the group's timeout --------------------------------------
+
+    def _broadcast(self, tensor: torch.Tensor, what: str) -> None:
+        self._run(lambda: self._pg.broadcast([tensor]).wait(), f"broadcast of {what}")
+
+    def _check_header(self, mine: torch.Tensor) -> None:
+        """Broadcast rank 0's header; every rank all-gathers whether it matches its own, and all
+        ranks raise together if any does not, so no one is left waiting for buckets."""
+        header = mine.clone() if self.rank == 0 else torch.zeros_like(mine)
+        header = header.to(self._device)
+        self._broadcast(header, "header")
+        header = header.cpu()
+        ok = int(torch.equal(header, mine))
+        flag = torch.tensor([ok], dtype=torch.int64, device=self._device)
+        flags = [torch.zeros_like(flag) for _ in range(self.world_size)]
+        self._run(lambda: self._pg.allgather([flags], [flag]).wait(), "all-gather of verdicts")
+        bad = [r for r, f in enumerate(flags) if int(f.item()) != 1]
+        if bad:
+            raise WeightSyncError(
+                f"model mismatch on rank(s) {bad}: header [n_tensors, numel, layout_crc32, "
+                f"bucket_bytes] from rank 0 is {header.tolist()}, rank {self.rank} has "
+                f"{mine.tolist()}"
+            )
+
+    def _run(self, op, what: str) -> None:
+        if self._pg is None:
+            raise WeightSyncError("weight group is closed")
+        try:
+            op()
+        except Exception as e:  # noqa: BLE001 - gloo raises plain RuntimeError for all of these
+            raise WeightSyncError(
+                f"{what} failed on rank {self.rank} (timeout {self.timeout_s} s; a peer timed "
+                f"out, died or stopped taking part): {e}"
+            ) from e
+
+
+def _make_process_group(backend, store, rank, world_size, timeout):
+    if backend == "gloo":
+        return torch.distributed.ProcessGroupGloo(store, rank, world_size, timeout)
+    if backend == "nccl":  # GPU only, untested on CPU CI; NCCL timeouts abort via its watchdog
+        opts = torch.distributed.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return torch.distributed.ProcessGroupNCCL(store, rank, world_size, opts)
+    raise ValueError(backend)
+
+
+def _wait_for_listener(host: str, port: int, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, timeout_s / 10)):
+                return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise WeightSyncError(
+                    f"{what}: no store listening on rank 0 within timeout {timeout_s} s"
+                ) from None
+            time.sleep(0.05)
+
+
+def _header(named: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> torch.Tensor:
+    layout = "\n".join(f"{n}:{str(t.dtype)}:{tuple(t.shape)}" for n, t in named)
+    numel = sum(t.numel() for _, t in named)
+    crc = zlib.crc32(layout.encode())
+    return torch.tensor([len(named), numel, crc, bucket_bytes], dtype=torch.int64)
+
+
+def _buckets(named: list[tuple[str, torch.Tensor]], bucket_bytes: int):
+    """Yield lists of (name, tensor): one dtype per bucket, at most `bucket_bytes` each unless a
+    single tensor is bigger. Deterministic in (names, shapes, dtypes, bucket_bytes), so sender and
+    receiver cut identical buckets."""
+    by_dtype: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
+    for n, t in named:
+        by_dtype.setdefault(t.dtype, []).append((n, t))
+    for items in by_dtype.values():
+        bucket, size = [], 0
+        for n, t in items:
+            nbytes = t.numel() * t.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((n, t))
+            size += nbytes
+        if bucket:
+            yield bucket
