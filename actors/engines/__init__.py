@@ -1,0 +1,54 @@
+"""Generation engines behind one small Protocol.
+
+`hf.HFEngine` (Hugging Face transformers, CPU or GPU) is the tested path; `vllm.VLLMEngine` is the
+GPU production path and is imported only when selected, so vLLM is never needed on CPU machines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled response: its tokens (eos included when it stopped), the behaviour log-prob
+    of each token under the sampling distribution, and whether it hit `max_new_tokens`."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    truncated: bool
+
+
+class Engine(Protocol):
+    def generate(self, prompts: list[list[int]], n: list[int], max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0) -> list[list[Completion]]:
+        """Sample n[i] completions of prompts[i]; one list of completions per prompt."""
+        ...
+
+    def weight_targets(self) -> list[tuple[str, torch.Tensor]]:
+        """Tensors, in the learner's `named_parameters` order and shapes, that a weight broadcast
+        writes into. For an engine that owns its parameters these are the parameters."""
+        ...
+
+    def commit_weights(self) -> None:
+        """Make weights received into `weight_targets()` live (no-op when they already are)."""
+        ...
+
+
+def make_engine(kind: str, model_path: str, **kw) -> Engine:
+    match kind:
+        case "hf":
+            from actors.engines.hf import HFEngine
+            return HFEngine.load(model_path, **kw)
+        case "vllm":
+            from actors.engines.vllm import VLLMEngine  # GPU only; import-guarded there
+            return VLLMEngine(model_path, **kw)
+        case _:
+            raise ValueError(f"unknown engine {kind!r}; expected 'hf' or 'vllm'")
+
+
+def named_tensors(pairs: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    return [(name, t) for name, t in pairs]

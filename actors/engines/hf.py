@@ -1,0 +1,76 @@
+"""Hugging Face transformers generation engine (CPU, or one GPU).
+
+Batched sampling with the KV cache through `model.generate`, returning for every sampled token
+its behaviour log-prob under the distribution it was drawn from (softmax(logits / temperature),
+before top-p; with the default top_p = 1 that is exactly the sampling distribution). Prompts are
+left-padded so every row's last prompt token sits at the same column.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from actors.engines import Completion
+
+
+class HFEngine:
+    """Samples from `model` (an HF causal LM); the learner's evaluator wraps its own module."""
+
+    def __init__(self, model, max_batch: int = 512):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.pad_token_id = model.generation_config.pad_token_id
+        self.eos_token_id = model.generation_config.eos_token_id
+        self.max_batch = max_batch
+
+    @classmethod
+    def load(cls, model_path: str, device: str = "cpu", dtype: str = "float32",
+             max_batch: int = 512) -> "HFEngine":
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        model = model.to(device).eval()
+        model.requires_grad_(False)
+        return cls(model, max_batch)
+
+    def generate(self, prompts: list[list[int]], n: list[int], max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0) -> list[list[Completion]]:
+        rows = [i for i, k in enumerate(n) for _ in range(k)]  # prompt index of every sample
+        out: list[list[Completion]] = [[] for _ in prompts]
+        for start in range(0, len(rows), self.max_batch):
+            chunk = rows[start:start + self.max_batch]
+            for i, completion in zip(chunk, self._sample([prompts[i] for i in chunk],
+                                                         max_new_tokens, temperature, top_p)):
+                out[i].append(completion)
+        return out
+
+    @torch.inference_mode()
+    def _sample(self, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+                top_p: float) -> list[Completion]:
+        width = max(map(len, prompts))
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros_like(input_ids)
+        for r, p in enumerate(prompts):
+            input_ids[r, width - len(p):] = torch.tensor(p)
+            attention[r, width - len(p):] = 1
+        gen = self.model.generate(
+            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
+            do_sample=True, temperature=temperature, top_p=top_p, top_k=None,
+            max_new_tokens=max_new_tokens, return_dict_in_generate=True, output_logits=True,
+            pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id)
+        tokens = gen.sequences[:, width:].cpu()                          # (B, T)
+        logits = torch.stack(gen.logits, dim=1).float().cpu()            # (B, T, V)
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        token_logp = logp.gather(-1, tokens[..., None])[..., 0]          # (B, T)
+        completions = []
+        for r in range(tokens.shape[0]):
+            ids = tokens[r].tolist()
+            stop = ids.index(self.eos_token_id) + 1 if self.eos_token_id in ids else len(ids)
+            completions.append(Completion(ids[:stop], token_logp[r, :stop].tolist(),
+                                          truncated=self.eos_token_id not in ids[:stop]))
+        return completions
+
+    def weight_targets(self) -> list[tuple[str, torch.Tensor]]:
+        return list(self.model.named_parameters())
+
+    def commit_weights(self) -> None:
+        pass  # the broadcast wrote straight into the parameters

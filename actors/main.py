@@ -1,0 +1,35 @@
+"""Actor process entry point (started by `rlvr train`; reads RUN_DIR/config.yaml).
+
+    python -m actors.main --run-dir runs/demo --actor-id 0 [a.b=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import torch
+
+from protocol.config import load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="actor")
+    ap.add_argument("--run-dir", required=True, type=Path)
+    ap.add_argument("--actor-id", required=True, type=int)
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s actor{args.actor_id} %(levelname)s %(message)s")
+    cfg = load_config(args.run_dir / "config.yaml", args.overrides)
+    torch.set_num_threads(cfg.actors.threads)
+    torch.manual_seed(cfg.run.seed * 1000 + args.actor_id + 1)
+    from actors.worker import run_actor  # heavy imports after argument errors are reported
+
+    return run_actor(cfg, args.actor_id)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""The embedded default model: a tiny Qwen2 with a character-level fast tokenizer.
+
+No model hub is reachable from the machines this project must run on, so the default model is
+built here from a standard Hugging Face architecture (`Qwen2ForCausalLM`) and a real `tokenizers`
+fast tokenizer with a chat template. Both are written with `save_pretrained` and read back with
+`from_pretrained`, so everything downstream takes exactly the code path a real checkpoint takes.
+
+    python -c "from actors.tiny_model import build_tiny; build_tiny('/tmp/tiny')"
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+PAD, EOS, USER, ASSISTANT = "<|pad|>", "<|eos|>", "<|user|>", "<|assistant|>"
+BOXED = "\\boxed{"  # one token: the answer format is learnt at once, the digits are what counts
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'user' %}" + USER + "{{ m['content'] }}"
+    "{% elif m['role'] == 'assistant' %}" + ASSISTANT + "{{ m['content'] }}" + EOS + "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}" + ASSISTANT + "{% endif %}"
+)
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """Character-level tokenizer over printable ASCII, with chat special tokens."""
+    specials = [PAD, EOS, USER, ASSISTANT, "<|unk|>"]
+    chars = [c for c in string.printable if c not in "\t\n\r\x0b\x0c"]
+    vocab = {tok: i for i, tok in enumerate(specials + chars)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
+    core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token="<|unk|>",
+        additional_special_tokens=[USER, ASSISTANT],
+    )
+    tok.add_tokens([BOXED])
+    tok.chat_template = CHAT_TEMPLATE
+    tok.padding_side = "left"  # generation pads on the left so every row ends at the prompt
+    return tok
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast, hidden: int = 128, layers: int = 4,
+                heads: int = 4, ffn: int = 512, seed: int = 0) -> Qwen2ForCausalLM:
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=ffn,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+        max_position_embeddings=256, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None, attn_implementation="sdpa",
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config)
+
+
+def build_tiny(path: str | Path, **model_kw) -> Path:
+    """Write a randomly initialised tiny model and its tokenizer to `path`."""
+    path = Path(path)
+    tok = build_tokenizer()
+    model = build_model(tok, **model_kw)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

@@ -1,0 +1,94 @@
+"""The `rlvr` command.
+
+    rlvr train CONFIG [a.b=value ...] [--dry-run]     train (learner + actors on this machine)
+    rlvr train --resume runs/NAME                     continue a run from its last checkpoint
+    rlvr train CONFIG --describe                      every config key with its type and doc
+    rlvr compare runs/A runs/B [--out DIR]            tables and PNG plots from run folders
+    rlvr plot runs/NAME                               (re)draw a run's PNG plots
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _train(args) -> int:
+    from protocol.config import Config
+    from protocol.config_loader import describe
+
+    if args.describe:
+        print(describe(Config))
+        return 0
+    if not args.config and not args.resume:
+        raise SystemExit("rlvr train: give a CONFIG path, or --resume RUN_DIR")
+    from learner.launch import train
+
+    return train(args.config, args.overrides, args.resume, args.dry_run)
+
+
+def _compare(args) -> int:
+    from learner.plots import compare_runs
+
+    table, pngs = compare_runs(args.runs, args.out)
+    print(table)
+    for p in pngs:
+        print(p)
+    return 0
+
+
+def _plot(args) -> int:
+    from learner.plots import plot_run
+
+    for p in plot_run(args.run):
+        print(p)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rlvr", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train (learner + actors)")
+    t.add_argument("config", nargs="?", help="YAML config, e.g. configs/tiny-cpu.yaml")
+    t.add_argument("overrides", nargs="*", help="dotted overrides a.b=value")
+    t.add_argument("--resume", metavar="RUN_DIR", help="resume the run in RUN_DIR")
+    t.add_argument("--dry-run", action="store_true", help="validate and print the resolved config")
+    t.add_argument("--describe", action="store_true", help="list every config key")
+    t.set_defaults(func=_train)
+
+    c = sub.add_parser("compare", help="compare run folders")
+    c.add_argument("runs", nargs="+")
+    c.add_argument("--out", default="runs/compare")
+    c.set_defaults(func=_compare)
+
+    p = sub.add_parser("plot", help="draw a run's plots")
+    p.add_argument("run")
+    p.set_defaults(func=_plot)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from protocol.config_loader import ConfigError
+
+    args, extra = parser().parse_known_args(argv)
+    # overrides may come after options (`rlvr train C --dry-run a.b=1`): keep the dotted ones
+    bad = [a for a in extra if "=" not in a or a.startswith("-")]
+    if bad:
+        parser().error(f"unrecognized arguments: {' '.join(bad)}")
+    if extra:
+        args.overrides = list(getattr(args, "overrides", [])) + extra
+    # `rlvr train --resume D a.b=1`: argparse puts the first override in `config`
+    if getattr(args, "resume", None) and args.config and "=" in args.config:
+        args.overrides.insert(0, args.config)
+        args.config = None
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"rlvr: config error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Held-out evaluation: k samples per held-out prompt, eval/avg@k and eval/pass@k (ALGORITHMS.md 10).
+
+Runs inside the learner on its own weights (the same HF sampling code the actors use), so a
+number logged at step s is the policy of step s, whatever the actors hold at that moment.
+"""
+
+from __future__ import annotations
+
+import time
+
+from actors.engines.hf import HFEngine
+from actors.prompts import prompt_token_ids
+from actors.tasks import Problem
+from actors.verifier import Verifier
+from learner.eval_math import pass_at_k
+
+
+def evaluate(model, tokenizer, problems: list[Problem], verifier: Verifier, k: int,
+             max_new_tokens: int, temperature: float, template: str) -> dict:
+    t0 = time.time()
+    was_training = model.training
+    model.eval()
+    engine = HFEngine(model)
+    prompts = [prompt_token_ids(tokenizer, p.question, template) for p in problems]
+    outs = engine.generate(prompts, [k] * len(prompts), max_new_tokens, temperature)
+    texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for cs in outs for c in cs]
+    answers = [p.answer for p in problems for _ in range(k)]
+    ok = verifier.score(texts, answers)
+    correct = [sum(ok[i * k:(i + 1) * k]) for i in range(len(problems))]
+    if was_training:
+        model.train()
+    metrics = {
+        f"eval/avg@{k}": sum(correct) / (k * len(problems)),
+        f"eval/pass@{k}": sum(pass_at_k(k, c, k) for c in correct) / len(problems),
+        "timing/eval": time.time() - t0,
+    }
+    for level in sorted({p.level for p in problems}):
+        idx = [i for i, p in enumerate(problems) if p.level == level]
+        metrics[f"eval/avg@{k}/level{level}"] = sum(correct[i] for i in idx) / (k * len(idx))
+    return metrics

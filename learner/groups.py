@@ -1,0 +1,81 @@
+"""Turning a step's scored groups into training rows, with the group statistics of ALGORITHMS.md 9.
+
+Consumption-side staleness (8.2): a group whose oldest sample is more than `max_staleness`
+versions behind the learner is dropped (`drop`), kept with its loss scaled by
+gamma^(staleness - bound) (`downweight`), or kept as is, relying on the truncated behaviour
+weight (`tis`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from learner.advantages import drgrpo_advantages, grpo_advantages, rloo_advantages
+from learner.batch import Row
+from learner.staleness import staleness_summary, staleness_weight
+from protocol.config import LossConfig
+from protocol.messages import Group
+
+
+def group_advantages(rewards: list[float], loss_cfg: LossConfig) -> list[float]:
+    match loss_cfg.advantage:
+        case "grpo":
+            adv = grpo_advantages(rewards, std_mode=loss_cfg.std_mode)
+        case "drgrpo":
+            adv = drgrpo_advantages(rewards)
+        case "rloo":
+            adv = rloo_advantages(rewards)
+    return adv.tolist()
+
+
+def group_staleness(group: Group, version: int) -> int:
+    return version - min(s.policy_version for s in group.samples)
+
+
+def is_stale(group: Group, version: int, max_staleness: int, stale_policy: str) -> bool:
+    return staleness_weight(group_staleness(group, version), max_staleness, stale_policy) is None
+
+
+def rows_from_groups(groups: list[Group], version: int, loss_cfg: LossConfig, max_staleness: int,
+                     stale_policy: str) -> tuple[list[Row], dict]:
+    """Rows for the loss and the step's group metrics. Groups must already be past the drop."""
+    rows: list[Row] = []
+    zero_adv = 0
+    for g in groups:
+        scale = staleness_weight(group_staleness(g, version), max_staleness, stale_policy) or 0.0
+        adv = group_advantages([s.reward for s in g.samples], loss_cfg)
+        zero_adv += all(a == 0.0 for a in adv)
+        for s, a in zip(g.samples, adv):
+            rows.append(Row(g.prompt_token_ids, s.token_ids, s.logprobs, a, s.policy_version,
+                            scale, g.group_id))
+    metrics = group_metrics(groups)
+    metrics.update(staleness_summary([version - r.policy_version for r in rows], max_staleness,
+                                     weights=[len(r.response) for r in rows]))
+    metrics["groups/frac_zero_adv_final"] = zero_adv / max(len(groups), 1)
+    metrics["train/rollouts_per_prompt"] = len(rows) / max(len(groups), 1)
+    metrics["reward/train_mean"] = float(np.mean([s.reward for g in groups for s in g.samples]))
+    return rows, metrics
+
+
+def group_metrics(groups: list[Group]) -> dict:
+    """Raw statistics of freshly generated groups, before any intervention."""
+    samples = [s for g in groups for s in g.samples]
+    lengths = np.array([len(s.token_ids) for s in samples]) if samples else np.zeros(1)
+    accs = [[s.acc for s in g.samples] for g in groups]
+    n = max(len(groups), 1)
+    gen_tokens = float(lengths.sum())
+    gen_time = sum(g.gen_time_s for g in groups)
+    return {
+        "gen/responses_per_prompt": len(samples) / n,
+        "gen/responses_per_step": len(samples),
+        "groups/frac_all_fail_raw": sum(not any(a) for a in accs) / n,
+        "groups/frac_all_correct_raw": sum(all(a) for a in accs) / n,
+        "reward/acc_mean": float(np.mean([s.acc for s in samples])) if samples else 0.0,
+        "resp/len_mean": float(lengths.mean()),
+        "resp/len_p90": float(np.percentile(lengths, 90)),
+        "resp/len_max": int(lengths.max()),
+        "resp/trunc_frac": float(np.mean([s.truncated for s in samples])) if samples else 0.0,
+        "perf/gen_tokens_per_s": gen_tokens / gen_time if gen_time > 0 else 0.0,
+        "gen/policy_version_min": min((s.policy_version for s in samples), default=0),
+        "gen/policy_version_max": max((s.policy_version for s in samples), default=0),
+    }

@@ -1,0 +1,117 @@
+"""Local launcher behind `rlvr train`: resolve the config, then start the learner and actors.
+
+Everything that can be wrong with a config is found here, before any process starts. The
+resolved config (the warm-started model path and free ports filled in) is written to the run
+folder; the processes read only that file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from protocol.config import Config, ConfigError, load_config, write_resolved
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def resolve(cfg: Config, log=print) -> Config:
+    """Fill in what the run decides at launch: the model path and any port left at 0."""
+    if not cfg.model.path:
+        if cfg.task.kind != "arithmetic":
+            raise ConfigError("model.path is required unless task.kind is 'arithmetic' "
+                              "(the embedded tiny model is warm-started on that task)")
+        from learner.warm_start import ensure_warm_start
+
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+            cfg.model, path=str(ensure_warm_start(cfg, log))))
+    net = cfg.net
+    ports = {k: getattr(net, k) or free_port() for k in ("zmq_port", "weights_port", "master_port")}
+    return dataclasses.replace(cfg, net=dataclasses.replace(net, **ports))
+
+
+def run_dir_for(cfg: Config, resume: bool) -> Path:
+    run_dir = cfg.run_dir
+    if not resume and (run_dir / "metrics.jsonl").exists():
+        raise ConfigError(f"run folder {run_dir} already holds a run: resume it with "
+                          f"`rlvr train --resume {run_dir}`, or choose another run.name")
+    return run_dir
+
+
+def spawn(args: list[str], log_path: Path | None) -> subprocess.Popen:
+    out = open(log_path, "ab") if log_path else None
+    return subprocess.Popen([sys.executable, "-m", *args], stdout=out,
+                            stderr=subprocess.STDOUT if out else None)
+
+
+def launch(cfg: Config, run_dir: Path, resume: bool = False) -> int:
+    """Start learner + actors on this machine; returns the learner's exit code."""
+    write_resolved(cfg, run_dir)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    learner = spawn(["learner.main", "--run-dir", str(run_dir)] + (["--resume"] if resume else []),
+                    None)
+    actors = [spawn(["actors.main", "--run-dir", str(run_dir), "--actor-id", str(i)],
+                    run_dir / "logs" / f"actor-{i}.log") for i in range(cfg.actors.count)]
+    try:
+        while learner.poll() is None:
+            dead = [(i, a.returncode) for i, a in enumerate(actors) if a.poll() not in (None, 0)]
+            if dead:
+                i, code = dead[0]
+                print(f"actor {i} exited with code {code} (see {run_dir}/logs/actor-{i}.log); "
+                      "stopping the run", file=sys.stderr)
+                learner.send_signal(signal.SIGTERM)
+                learner.wait(30)
+                break
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        learner.send_signal(signal.SIGINT)
+        learner.wait(30)
+    finally:
+        stop_all(actors)
+    return learner.wait()
+
+
+def stop_all(procs: list[subprocess.Popen], grace_s: float = 20.0) -> None:
+    deadline = time.time() + grace_s
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.terminate()
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def train(config_path: str | None, overrides: list[str], resume_dir: str | None,
+          dry_run: bool) -> int:
+    if resume_dir:
+        run_dir = Path(resume_dir)
+        if not (run_dir / "config.yaml").exists():
+            raise ConfigError(f"--resume {run_dir}: no config.yaml there (not a run folder)")
+        # the ports of the first launch may be taken by now: pick fresh ones unless overridden
+        cfg = load_config(run_dir / "config.yaml",
+                          ["net.zmq_port=0", "net.weights_port=0", "net.master_port=0", *overrides])
+    else:
+        cfg = load_config(config_path, overrides)
+        run_dir = run_dir_for(cfg, resume=False)
+    if dry_run:
+        from protocol.config_loader import to_dict
+        import yaml
+
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        return 0
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    cfg = resolve(cfg)
+    return launch(cfg, run_dir, resume=bool(resume_dir))

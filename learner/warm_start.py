@@ -1,0 +1,126 @@
+"""Warm start of the embedded tiny model: short supervised training on the synthetic task.
+
+RL from a random model learns nothing (every group is all-wrong), so the tiny default model is
+first trained on `\\boxed{answer}` targets. The targets come from a deliberately sloppy teacher:
+with probability `label_noise` one digit of the answer is replaced by a wrong one. The model then
+puts most of its mass on the right answer but, sampled at temperature 1, often slips, the gap
+between greedy and sampled accuracy that RL with a verifier closes within minutes (measured in
+README). The result is cached under `warm_start.cache_dir`, keyed by everything that shapes it.
+
+    python -m learner.warm_start configs/tiny-cpu.yaml      # build (or find) the cached model
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from actors.prompts import prompt_token_ids
+from actors.tasks import Arithmetic
+from actors.tiny_model import build_model, build_tokenizer
+from protocol.config import Config, load_config
+
+
+def warm_start_key(cfg: Config) -> str:
+    shaping = {
+        "model": [cfg.model.hidden, cfg.model.layers, cfg.model.heads, cfg.model.ffn],
+        "warm": [cfg.warm_start.steps, cfg.warm_start.batch_size, cfg.warm_start.lr,
+                 cfg.warm_start.label_noise],
+        "task": [list(cfg.task.levels), list(cfg.task.level_weights), list(cfg.task.ops),
+                 cfg.task.prompt_template],
+        "seed": cfg.run.seed, "format": 1,
+    }
+    return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def corrupt_answer(answer: str, noise: float, rng: random.Random) -> str:
+    """The sloppy teacher: with probability `noise`, one digit becomes a different digit."""
+    digits = [i for i, ch in enumerate(answer) if ch.isdigit()]
+    if not digits or rng.random() >= noise:
+        return answer
+    i = rng.choice(digits)
+    wrong = rng.choice([d for d in "0123456789" if d != answer[i]])
+    return answer[:i] + wrong + answer[i + 1:]
+
+
+def supervised_batch(tokenizer, problems, noise: float, rng: random.Random, template: str):
+    """(B, T) input ids and labels (-100 outside the response) for next-token training."""
+    rows = []
+    for p in problems:
+        prompt = prompt_token_ids(tokenizer, p.question, template)
+        target = tokenizer("\\boxed{" + corrupt_answer(p.answer, noise, rng) + "}",
+                           add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        rows.append((prompt, target))
+    width = max(len(a) + len(b) for a, b in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for r, (prompt, target) in enumerate(rows):
+        ids[r, :len(prompt) + len(target)] = torch.tensor(prompt + target)
+        labels[r, len(prompt):len(prompt) + len(target)] = torch.tensor(target)
+    return ids, labels
+
+
+def train_warm_start(cfg: Config, out: Path, log=print) -> None:
+    tok = build_tokenizer()
+    model = build_model(tok, hidden=cfg.model.hidden, layers=cfg.model.layers,
+                        heads=cfg.model.heads, ffn=cfg.model.ffn, seed=cfg.run.seed)
+    task = Arithmetic(levels=cfg.task.levels, ops=cfg.task.ops, seed=cfg.run.seed,
+                      eval_per_level=cfg.task.eval_per_level)
+    ws = cfg.warm_start
+    opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
+    warmup = max(1, ws.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / ws.steps)))
+    rng = random.Random(cfg.run.seed)
+    stream = task.train_stream(cfg.run.seed + 10_007, level_weights=cfg.task.level_weights)
+    t0 = time.time()
+    model.train()
+    for step in range(ws.steps):
+        batch = [next(stream) for _ in range(ws.batch_size)]
+        ids, labels = supervised_batch(tok, batch, ws.label_noise, rng, cfg.task.prompt_template)
+        logits = model(input_ids=ids).logits[:, :-1]  # right padding: causal rows ignore it
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 100 == 0 or step == ws.steps - 1:
+            log(f"warm start step {step + 1}/{ws.steps} loss {loss.item():.3f} "
+                f"({time.time() - t0:.0f} s)")
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def ensure_warm_start(cfg: Config, log=print) -> Path:
+    """Path of the cached warm-started tiny model, training it first if it is not there."""
+    final = Path(cfg.warm_start.cache_dir) / f"tiny-{warm_start_key(cfg)}"
+    if (final / "COMPLETE").exists():
+        return final
+    tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    log(f"warm start: training the tiny model ({cfg.warm_start.steps} supervised steps), "
+        f"cached in {final}")
+    train_warm_start(cfg, tmp, log)
+    (tmp / "COMPLETE").write_text("ok\n")
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)  # atomic: a crash never leaves a half-written model that looks done
+    return final
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(os.cpu_count() or 1)
+    print(ensure_warm_start(load_config(sys.argv[1], sys.argv[2:])))

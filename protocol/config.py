@@ -1,0 +1,281 @@
+"""The run configuration: one tree of frozen dataclasses, YAML in, dotted overrides on top.
+
+    rlvr train configs/tiny-cpu.yaml run.steps=50 mode=async max_staleness=2
+
+Every field has a docstring (the string under it); `rlvr train CONFIG --describe` prints them.
+`load_config` fails before any process starts, naming the key, for unknown keys and bad values.
+The resolved config (ports and the warm-start model path filled in) is written to the run folder
+and is the only thing the learner and actor processes read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+from protocol.config_loader import ConfigError, build, dump, load, to_dict  # noqa: F401
+
+Aggregation = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = "demo"
+    """Run folder name: outputs go to `<out_dir>/<name>/`."""
+    out_dir: str = "runs"
+    """Parent folder of run folders."""
+    steps: int = 100
+    """Learner optimizer steps (one step = one batch of `rollout.prompts_per_step` groups)."""
+    seed: int = 0
+    """Seed for data order, sampling and initialisation."""
+    eval_every: int = 25
+    """Held-out evaluation every this many steps (and before the first and after the last)."""
+    checkpoint_every: int = 50
+    """Checkpoint every this many steps (and at the end); 0 = only at the end."""
+    keep_checkpoints: int = 2
+    """How many complete checkpoints to keep."""
+    wandb: Literal["offline", "online", "disabled"] = "offline"
+    """wandb mode; offline runs can be uploaded later with `wandb sync`."""
+    progress: bool = True
+    """Show the live progress line."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = ""
+    """Hugging Face model folder or hub name; empty = the embedded tiny model, warm-started here."""
+    device: str = "cpu"
+    """Torch device for the learner and the HF actor engine ('cpu' or 'cuda')."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype of the actor engine; the learner trains in float32 or bf16 (DeepSpeed)."""
+    hidden: int = 128
+    """Tiny model: hidden size."""
+    layers: int = 4
+    """Tiny model: transformer layers."""
+    heads: int = 4
+    """Tiny model: attention heads."""
+    ffn: int = 512
+    """Tiny model: MLP width."""
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    steps: int = 800
+    """Supervised steps on the synthetic task before RL (tiny model only; cached)."""
+    batch_size: int = 128
+    """Supervised batch size."""
+    lr: float = 3e-3
+    """Peak supervised learning rate (warm-up then cosine decay)."""
+    label_noise: float = 0.3
+    """Probability that a supervised target has one digit replaced by a wrong one: the warm start
+    imitates a sloppy teacher, so sampling at temperature 1 often slips while the most likely
+    answer is right. That gap between sampled and greedy accuracy is what RL with a verifier
+    closes, visibly, within a demo's minutes."""
+    cache_dir: str = ".cache/rlvr"
+    """Where warm-started models are cached, keyed by a hash of everything that shapes them."""
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    kind: Literal["arithmetic", "file"] = "arithmetic"
+    """'arithmetic' = the built-in synthetic task; 'file' = your JSONL or parquet files."""
+    levels: tuple[int, ...] = (1, 2, 3)
+    """Arithmetic: difficulty levels (digits of the larger operand)."""
+    level_weights: tuple[float, ...] = (0.35, 0.4, 0.25)
+    """Arithmetic: sampling weight of each level in training."""
+    ops: tuple[str, ...] = ("+", "-")
+    """Arithmetic: operations."""
+    eval_per_level: int = 64
+    """Arithmetic: held-out prompts per level."""
+    train_path: str = ""
+    """File task: training data (.jsonl or .parquet)."""
+    eval_path: str = ""
+    """File task: held-out data (.jsonl or .parquet)."""
+    prompt_field: str = "prompt"
+    """File task: field holding the question (dotted for nested fields)."""
+    answer_field: str = "answer"
+    """File task: field holding the reference answer."""
+    solution_field: str = "solution"
+    """File task: optional field holding a golden solution (used by GCPO)."""
+    eval_samples: int = 8
+    """Samples per held-out prompt for eval/avg@k and eval/pass@k."""
+    prompt_template: str = "{question}"
+    """User turn text; real models want e.g. "{question} Please reason step by step, and put
+    your final answer within \\boxed{{}}."."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    prompts_per_step: int = 32
+    """Groups (prompts) per learner step."""
+    group_size: int = 8
+    """Responses per prompt for fixed-N sampling (GRPO)."""
+    max_new_tokens: int = 8
+    """Generation cap per response."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1.0 = off; behaviour log-probs are then exact)."""
+    prompts_per_work: int = 8
+    """Prompts per work item handed to an actor: smaller items let weight syncs interleave
+    sooner in async mode, larger ones batch generation better."""
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
+    """Group advantage estimator (ALGORITHMS.md 1.2)."""
+    std_mode: Literal["unbiased", "population"] = "unbiased"
+    """Std used by the GRPO advantage."""
+    aggregation: Aggregation = "seq-mean-token-mean"
+    """Loss aggregation (ALGORITHMS.md 1.4); denominators span the whole step's batch."""
+    clip_low: float = 0.2
+    """PPO clip epsilon below 1."""
+    clip_high: float = 0.2
+    """PPO clip epsilon above 1 (DAPO clip-higher uses 0.28)."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 for negative advantages; null = off."""
+    behav_weight_cap: float = 2.0
+    """Decoupled PPO: cap C on the behaviour weight pi_prox / pi_behav (ALGORITHMS.md 8.3)."""
+    behav_weight_mode: Literal["truncate", "mask", "off"] = "truncate"
+    """Decoupled PPO weight: truncate at C, mask tokens above C, or off (w = 1)."""
+    kl_beta: float = 0.0
+    """KL penalty coefficient against the initial model (0 = no reference model)."""
+    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient."""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 2e-4
+    """AdamW learning rate."""
+    warmup_steps: int = 10
+    """Linear warm-up steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Gradient norm clip."""
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage (0-3)."""
+    bf16: bool = False
+    """Train in bf16 (DeepSpeed mixed precision)."""
+
+
+@dataclass(frozen=True)
+class ActorsConfig:
+    count: int = 1
+    """Actor processes."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Generation engine: Hugging Face transformers (CPU/GPU) or vLLM (GPU only)."""
+    threads: int = 1
+    """Torch CPU threads per actor."""
+    max_batch: int = 512
+    """Largest generation batch (sequences) per engine call."""
+    heartbeat_s: float = 2.0
+    """Actor heartbeat period."""
+    verifier_timeout_s: float = 5.0
+    """Time bound for one math-verify check."""
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    ranks: int = 1
+    """Data-parallel learner ranks (DeepSpeed)."""
+    threads: int = 1
+    """Torch CPU threads per learner rank."""
+    micro_batch: int = 256
+    """Sequences per forward/backward micro-batch (gradients accumulate over the step)."""
+
+
+@dataclass(frozen=True)
+class NetConfig:
+    learner_host: str = "127.0.0.1"
+    """Address actors use to reach the learner."""
+    bind_host: str = "127.0.0.1"
+    """Address the learner binds its ZeroMQ socket to (loopback by default)."""
+    zmq_port: int = 0
+    """Learner's ZeroMQ port; 0 = pick a free one at launch."""
+    weights_port: int = 0
+    """Weight-sync rendezvous (TCPStore) port; 0 = pick a free one at launch."""
+    master_port: int = 0
+    """DeepSpeed rendezvous port for learner ranks; 0 = pick a free one at launch."""
+
+
+@dataclass(frozen=True)
+class WeightSyncConfig:
+    sync_every: int = 1
+    """Broadcast weights to the actors every this many learner steps."""
+    timeout_s: float = 120.0
+    """A broadcast (or group set-up) that takes longer fails with a clear error."""
+    bucket_mb: int = 64
+    """Flat bucket size for the broadcast."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """auto = NCCL when the model is on CUDA, else gloo."""
+
+
+@dataclass(frozen=True)
+class Config:
+    algorithm: Literal["grpo"] = "grpo"
+    """Algorithm preset (rollout policy, reuse, curation and loss)."""
+    mode: Literal["sync", "async"] = "async"
+    """sync: generate then train, staleness 0; async: actors keep generating while the learner trains."""
+    max_staleness: int = 2
+    """Async: bound on policy versions between the weights that sampled a response and the
+    learner that consumes it, enforced at admission and at consumption."""
+    stale_policy: Literal["drop", "downweight", "tis"] = "drop"
+    """What to do with a sample staler than max_staleness when consumed."""
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    actors: ActorsConfig = field(default_factory=ActorsConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    net: NetConfig = field(default_factory=NetConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+
+    def validate(self) -> None:
+        if self.run.steps < 1:
+            raise ConfigError("run.steps must be >= 1")
+        if self.max_staleness < 0:
+            raise ConfigError("max_staleness must be >= 0")
+        if self.rollout.group_size < 2:
+            raise ConfigError("rollout.group_size must be >= 2 (a group needs a baseline)")
+        if self.task.kind == "arithmetic" and len(self.task.levels) != len(self.task.level_weights):
+            raise ConfigError("task.level_weights must have one weight per entry of task.levels")
+        if self.task.kind == "file" and not self.task.train_path:
+            raise ConfigError("task.train_path is required when task.kind is 'file'")
+        if self.actors.count < 1:
+            raise ConfigError("actors.count must be >= 1")
+
+    @property
+    def staleness_bound(self) -> int:
+        """The bound in force: sync mode is the special case max_staleness = 0."""
+        return 0 if self.mode == "sync" else self.max_staleness
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.out_dir) / self.run.name
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    return load(Config, path, list(overrides))
+
+
+def with_overrides(config: Config, overrides: list[str]) -> Config:
+    return build(Config, to_dict(config), overrides)
+
+
+def write_resolved(config: Config, run_dir: Path) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "config.yaml"
+    dump(config, path)
+    return path
+
+
+__all__ = ["Config", "ConfigError", "load_config", "with_overrides", "write_resolved", "replace"]
