@@ -113,5 +113,5 @@ def train(config_path: str | None, overrides: list[str], resume_dir: str | None,
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         return 0
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    cfg = resolve(cfg)
+    cfg = resolve(cfg, log=lambda line: print(line, flush=True))
     return launch(cfg, run_dir, resume=bool(resume_dir))
