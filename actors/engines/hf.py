@@ -21,7 +21,9 @@ class HFEngine:
         self.model = model
         self.device = next(model.parameters()).device
         self.pad_token_id = model.generation_config.pad_token_id
-        self.eos_token_id = model.generation_config.eos_token_id
+        eos = model.generation_config.eos_token_id
+        self.eos_ids = set(eos) if isinstance(eos, (list, tuple)) else {eos}  # Qwen: a list
+        self.eos_token_id = eos
         self.max_batch = max_batch
 
     @classmethod
@@ -57,16 +59,18 @@ class HFEngine:
             do_sample=True, temperature=temperature, top_p=top_p, top_k=None,
             max_new_tokens=max_new_tokens, return_dict_in_generate=True, output_logits=True,
             pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id)
-        tokens = gen.sequences[:, width:].cpu()                          # (B, T)
-        logits = torch.stack(gen.logits, dim=1).float().cpu()            # (B, T, V)
-        logp = torch.log_softmax(logits / temperature, dim=-1)
-        token_logp = logp.gather(-1, tokens[..., None])[..., 0]          # (B, T)
+        tokens = gen.sequences[:, width:]                                # (B, T)
+        # one (B, V) step at a time: a (B, T, V) float tensor is tens of GB at a 150k vocabulary
+        token_logp = torch.stack([
+            torch.log_softmax(step.float() / temperature, dim=-1).gather(-1, tokens[:, t, None])[:, 0]
+            for t, step in enumerate(gen.logits)], dim=1).cpu()          # (B, T)
+        tokens = tokens.cpu()
         completions = []
         for r in range(tokens.shape[0]):
             ids = tokens[r].tolist()
-            stop = ids.index(self.eos_token_id) + 1 if self.eos_token_id in ids else len(ids)
+            stop = next((i + 1 for i, tok in enumerate(ids) if tok in self.eos_ids), len(ids))
             completions.append(Completion(ids[:stop], token_logp[r, :stop].tolist(),
-                                          truncated=self.eos_token_id not in ids[:stop]))
+                                          truncated=stop == len(ids) and ids[-1] not in self.eos_ids))
         return completions
 
     def weight_targets(self) -> list[tuple[str, torch.Tensor]]:
