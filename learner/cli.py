@@ -5,6 +5,8 @@
     rlvr train CONFIG --describe                      every config key with its type and doc
     rlvr compare runs/A runs/B [--out DIR]            tables and PNG plots from run folders
     rlvr plot runs/NAME                               (re)draw a run's PNG plots
+    rlvr slurm submit CONFIG [a.b=value ...] --nodes N [--actors-per-node A] [--hetjob] [--dry-run]
+    rlvr slurm status JOBID                           job state and progress from the run folder
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("runs", nargs="+")
     c.add_argument("--out", default="runs/compare")
     c.set_defaults(func=_compare)
+
+    from slurm.submit import add_cli as add_slurm_cli
+
+    add_slurm_cli(sub)  # rlvr slurm submit|status
 
     p = sub.add_parser("plot", help="draw a run's plots")
     p.add_argument("run")

@@ -34,9 +34,18 @@ def _load(config_path: str | Path, overrides: Sequence[str]):
 
 
 def write_run_config(config, run_dir: Path) -> Path:
-    """Write the resolved config to RUN_DIR/config.yaml: the only config the processes read."""
+    """Write the resolved config to RUN_DIR/config.yaml: the only config the processes read.
+    The embedded tiny model is warm-started here (on the submit host, cached) when no
+    model.path is given; ports stay as configured (the role launcher derives them per job)."""
+    import dataclasses
+
+    from learner.launch import resolve
     from protocol.config import write_resolved
-    return write_resolved(config, run_dir)
+
+    net = config.net
+    resolved = resolve(config, log=lambda line: print(line, flush=True))
+    resolved = dataclasses.replace(resolved, net=net)  # ports are the job's, not this host's
+    return write_resolved(resolved, run_dir)
 
 
 # --- submit --------------------------------------------------------------------------------------
