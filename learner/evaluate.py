@@ -27,11 +27,16 @@ def evaluate(model, tokenizer, problems: list[Problem], verifier: Verifier, k: i
     answers = [p.answer for p in problems for _ in range(k)]
     ok = verifier.score(texts, answers)
     correct = [sum(ok[i * k:(i + 1) * k]) for i in range(len(problems))]
+    # greedy answers: how much the policy knows, against how often sampling gets it right
+    greedy = engine.generate(prompts, [1] * len(prompts), max_new_tokens, temperature=0.0)
+    greedy_ok = verifier.score([tokenizer.decode(cs[0].token_ids, skip_special_tokens=True)
+                                for cs in greedy], [p.answer for p in problems])
     if was_training:
         model.train()
     metrics = {
         f"eval/avg@{k}": sum(correct) / (k * len(problems)),
         f"eval/pass@{k}": sum(pass_at_k(k, c, k) for c in correct) / len(problems),
+        "eval/greedy": sum(greedy_ok) / len(problems),
         "timing/eval": time.time() - t0,
     }
     for level in sorted({p.level for p in problems}):

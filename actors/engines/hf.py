@@ -36,6 +36,7 @@ class HFEngine:
 
     def generate(self, prompts: list[list[int]], n: list[int], max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0) -> list[list[Completion]]:
+        """temperature 0 = greedy decoding (log-probs then under the temperature-1 softmax)."""
         rows = [i for i, k in enumerate(n) for _ in range(k)]  # prompt index of every sample
         out: list[list[Completion]] = [[] for _ in prompts]
         for start in range(0, len(rows), self.max_batch):
@@ -56,13 +57,14 @@ class HFEngine:
             attention[r, width - len(p):] = 1
         gen = self.model.generate(
             input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
-            do_sample=True, temperature=temperature, top_p=top_p, top_k=None,
+            do_sample=temperature > 0, temperature=temperature or None,
+            top_p=top_p if temperature > 0 else None, top_k=None,
             max_new_tokens=max_new_tokens, return_dict_in_generate=True, output_logits=True,
             pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id)
         tokens = gen.sequences[:, width:]                                # (B, T)
         # one (B, V) step at a time: a (B, T, V) float tensor is tens of GB at a 150k vocabulary
         token_logp = torch.stack([
-            torch.log_softmax(step.float() / temperature, dim=-1).gather(-1, tokens[:, t, None])[:, 0]
+            torch.log_softmax(step.float() / (temperature or 1.0), dim=-1).gather(-1, tokens[:, t, None])[:, 0]
             for t, step in enumerate(gen.logits)], dim=1).cpu()          # (B, T)
         tokens = tokens.cpu()
         completions = []
