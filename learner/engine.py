@@ -53,15 +53,12 @@ def build_engine(cfg: Config, model_path: str):
     return engine
 
 
-def gathered_parameters(engine):
-    """Full parameters in `named_parameters` order, gathered bucket by bucket under ZeRO-3."""
+def publish_weights(engine, weights, bucket_bytes: int) -> None:
+    """Broadcast the full parameters to the actors; under ZeRO-3 each bucket is gathered from
+    its shards just before it is sent, so the full model never sits in memory at once."""
     import deepspeed
 
-    module = engine.module
+    gather = None
     if engine.zero_optimization_stage() == 3:
-        for name, param in module.named_parameters():
-            with deepspeed.zero.GatheredParameters([param]):
-                yield name, param.data
-    else:
-        for name, param in module.named_parameters():
-            yield name, param.data
+        gather = lambda params: deepspeed.zero.GatheredParameters(params)  # noqa: E731
+    weights.send(engine.module.named_parameters(), bucket_bytes, gather=gather)

@@ -28,11 +28,13 @@ gloo group can abort the process at interpreter shutdown).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import socket
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import ContextManager
 
 import torch
 from torch.distributed import PrefixStore, TCPStore
@@ -92,18 +94,30 @@ class WeightGroup:
         return cls(rank, world_size, timeout_s, store, pg, device)
 
     def send(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = BUCKET_BYTES
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        bucket_bytes: int = BUCKET_BYTES,
+        gather: Callable[[list[torch.Tensor]], ContextManager] | None = None,
     ) -> None:
-        """Rank 0: broadcast these tensors (e.g. `model.named_parameters()`) to every actor."""
+        """Rank 0: broadcast these tensors (e.g. `model.named_parameters()`) to every actor.
+
+        `gather` is for parameters sharded by ZeRO-3: `gather(params)` is a context manager under
+        which those parameters hold their full data (DeepSpeed's `GatheredParameters`), entered
+        once per bucket so at most one bucket is gathered at a time; the layout then comes from
+        each parameter's full shape `ds_shape`."""
         assert self.rank == 0, "only rank 0 sends"
-        named = [(n, t.detach()) for n, t in named_tensors]
-        self._check_header(_header(named, bucket_bytes))
-        for bucket in _buckets(named, bucket_bytes):
-            if len(bucket) == 1:  # one big tensor: no concatenation copy
-                flat = bucket[0][1].reshape(-1).contiguous()
-            else:
-                flat = torch.cat([t.reshape(-1) for _, t in bucket])
-            self._broadcast(flat.to(self._device), "bucket")
+        named = [(n, t if gather else t.detach()) for n, t in named_tensors]
+        layout = [(n, _full_shape_proxy(t)) for n, t in named] if gather else named
+        self._check_header(_header(layout, bucket_bytes))
+        by_name = dict(named)
+        for bucket in _buckets(layout, bucket_bytes):
+            tensors = [by_name[n] for n, _ in bucket]
+            with gather(tensors) if gather else contextlib.nullcontext():
+                if len(tensors) == 1:  # one big tensor: no concatenation copy
+                    flat = tensors[0].data.reshape(-1).contiguous()
+                else:
+                    flat = torch.cat([t.data.reshape(-1) for t in tensors])
+                self._broadcast(flat.to(self._device), "bucket")
 
     @torch.no_grad()
     def receive(
@@ -194,6 +208,12 @@ def _wait_for_listener(host: str, port: int, timeout_s: float, what: str) -> Non
                     f"{what}: no store listening on rank 0 within timeout {timeout_s} s"
                 ) from None
             time.sleep(0.05)
+
+
+def _full_shape_proxy(param: torch.Tensor) -> torch.Tensor:
+    """A data-less tensor with the parameter's full (unsharded) shape and dtype."""
+    return torch.empty(tuple(getattr(param, "ds_shape", param.shape)), dtype=param.dtype,
+                       device="meta")
 
 
 def _header(named: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> torch.Tensor:
