@@ -22,7 +22,7 @@ from actors.verifier import Verifier
 from learner.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from learner.coordinator import Coordinator
 from learner.data import PromptStream, held_out
-from learner.engine import build_engine, gathered_parameters, init_learner_distributed
+from learner.engine import build_engine, init_learner_distributed, publish_weights
 from learner.evaluate import evaluate
 from learner.groups import group_metrics, is_stale, rows_from_groups
 from learner.plots import plot_run
@@ -82,7 +82,7 @@ class Learner:
     def _publish_weights(self) -> float:
         t0 = time.time()
         self.coord.sync_weights(self.version)
-        self.weights.send(gathered_parameters(self.engine), self.cfg.weight_sync.bucket_mb << 20)
+        publish_weights(self.engine, self.weights, self.cfg.weight_sync.bucket_mb << 20)
         return time.time() - t0
 
     def _evaluate(self) -> dict:
