@@ -1,16 +1,24 @@
 """Rollout policies at the actor: how many responses each prompt of a work item gets.
 
 The reward must be known here, because adaptive policies (AR3PO's stop-on-first-correct stages,
-AERO's rescue rounds) decide whether to keep sampling from it.
+AERO's rescue rounds) decide whether to keep sampling from it. Every policy is a loop of
+`generate_and_score` calls, one engine call and one verifier round trip each:
+  fixed  - one call, `Prompt.n` responses per prompt (GRPO, DAPO, HORA's allocation, Mu-GRPO);
+  staged - one call per stage over the prompts still without a correct response (AR3PO, 3.2);
+  aero   - one exploration call, then rescue rounds over the prompts still failing, drawn from a
+           budget pooled over the work item's prompts (AERO, 4.4).
+Each Sample records the stage (AERO: round) that produced it, so the learner can tell
+exploration from rescue. Section numbers are ALGORITHMS.md.
 """
 
 from __future__ import annotations
 
+import random
 import time
 
 from actors.engines import Completion, Engine
 from actors.verifier import Verifier
-from protocol.messages import PROTOCOL_VERSION, Group, Sample, Work
+from protocol.messages import PROTOCOL_VERSION, Group, Prompt, RolloutSpec, Sample, Work
 
 
 def score(tokenizer, verifier: Verifier, completions: list[Completion], answer: str) -> list[bool]:
@@ -25,19 +33,75 @@ def to_samples(completions: list[Completion], accs: list[bool], version: int,
             for c, ok in zip(completions, accs)]
 
 
-def sample_fixed(engine: Engine, tokenizer, verifier: Verifier, work: Work,
-                 version: int) -> list[list[Sample]]:
-    """Every prompt gets its `n` responses in one engine call (GRPO, DAPO, HORA)."""
-    r = work.rollout
-    outs = engine.generate([p.prompt_token_ids for p in work.prompts], [p.n for p in work.prompts],
-                           r.max_new_tokens, r.temperature, r.top_p)
+def generate_and_score(engine: Engine, tokenizer, verifier: Verifier, prompts: list[Prompt],
+                       n: list[int], spec: RolloutSpec, version: int,
+                       stage: int = 0) -> list[list[Sample]]:
+    """n[i] scored samples of prompts[i]: one engine call, one verifier round trip."""
+    outs = engine.generate([p.prompt_token_ids for p in prompts], n, spec.max_new_tokens,
+                           spec.temperature, spec.top_p)
     texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for cs in outs for c in cs]
-    answers = [p.answer for p, cs in zip(work.prompts, outs) for _ in cs]
-    flat = verifier.score(texts, answers)  # one verifier round trip for the whole work item
+    answers = [p.answer for p, cs in zip(prompts, outs) for _ in cs]
+    flat = verifier.score(texts, answers) if texts else []
     groups, at = [], 0
     for cs in outs:
-        groups.append(to_samples(cs, flat[at:at + len(cs)], version))
+        groups.append(to_samples(cs, flat[at:at + len(cs)], version, stage))
         at += len(cs)
+    return groups
+
+
+def sample_fixed(engine: Engine, tokenizer, verifier: Verifier, work: Work,
+                 version: int) -> list[list[Sample]]:
+    """Every prompt gets its `n` responses in one engine call (GRPO, DAPO, HORA, Mu-GRPO)."""
+    return generate_and_score(engine, tokenizer, verifier, work.prompts,
+                              [p.n for p in work.prompts], work.rollout, version)
+
+
+def sample_staged(engine: Engine, tokenizer, verifier: Verifier, work: Work,
+                  version: int) -> list[list[Sample]]:
+    """AR3PO (3.2): stage s samples stage_sizes[s] responses for every prompt that has no
+    correct response yet, so a prompt gets at most sum(stage_sizes)."""
+    groups: list[list[Sample]] = [[] for _ in work.prompts]
+    active = list(range(len(work.prompts)))
+    for stage, k in enumerate(work.rollout.stage_sizes):
+        if not active:
+            break
+        outs = generate_and_score(engine, tokenizer, verifier, [work.prompts[i] for i in active],
+                                  [k] * len(active), work.rollout, version, stage)
+        for i, samples in zip(active, outs):
+            groups[i] += samples
+        active = [i for i in active if not any(s.acc for s in groups[i])]
+    return groups
+
+
+def sample_aero(engine: Engine, tokenizer, verifier: Verifier, work: Work,
+                version: int) -> list[list[Sample]]:
+    """AERO (4.4): explore, then rescue rounds of `aero_rescue_step` responses for prompts with
+    at most `aero_rescue_threshold` correct, until each has a correct response, the rounds run
+    out or the pooled budget (aero_budget per prompt of the work item) cannot pay a round. A
+    round visits the still-failing prompts in random order and stops where the budget ends (a
+    partial last round); unused budget is not carried over (4.4 [I])."""
+    spec, prompts = work.rollout, work.prompts
+    rng = random.Random(work.work_id)  # reproducible per work item
+    groups = generate_and_score(engine, tokenizer, verifier, prompts,
+                                [spec.aero_explore] * len(prompts), spec, version)
+    budget = spec.aero_budget * len(prompts)
+    step = spec.aero_rescue_step
+    active = [i for i, g in enumerate(groups)
+              if sum(s.acc for s in g) <= spec.aero_rescue_threshold]
+    rounds = 0
+    while active and rounds < spec.aero_max_rounds and budget >= step:
+        order = rng.sample(active, len(active))
+        chosen = [i for i in order if len(groups[i]) + step <= spec.aero_max_per_prompt]
+        chosen = chosen[:budget // step]
+        if not chosen:
+            break
+        rounds += 1
+        outs = generate_and_score(engine, tokenizer, verifier, [prompts[i] for i in chosen],
+                                  [step] * len(chosen), spec, version, stage=rounds)
+        for i, samples in zip(chosen, outs):
+            groups[i] += samples
+        budget -= step * len(chosen)
+        active = [i for i in active if not any(s.acc for s in groups[i])]
     return groups
 
 
@@ -47,6 +111,10 @@ def sample_work(engine: Engine, tokenizer, verifier: Verifier, work: Work, actor
     match work.rollout.strategy:
         case "fixed":
             per_prompt = sample_fixed(engine, tokenizer, verifier, work, version)
+        case "staged":
+            per_prompt = sample_staged(engine, tokenizer, verifier, work, version)
+        case "aero":
+            per_prompt = sample_aero(engine, tokenizer, verifier, work, version)
         case other:
             raise ValueError(f"rollout strategy {other!r} is not available in this actor")
     gen_time = (time.time() - t0) / max(len(work.prompts), 1)

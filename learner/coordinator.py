@@ -33,7 +33,8 @@ class ActorState:
 
 class Coordinator:
     def __init__(self, endpoint: LearnerEndpoint, prompts: Iterator[Prompt], rollout: RolloutSpec,
-                 groups_per_step: int, prompts_per_work: int, max_staleness: int):
+                 groups_per_step: int, prompts_per_work: int, max_staleness: int,
+                 submitted: int = 0):
         self.endpoint = endpoint
         self.prompts = prompts
         self.rollout = rollout
@@ -43,7 +44,9 @@ class Coordinator:
         self.actors: dict[bytes, ActorState] = {}
         self.ready: list[Group] = []
         self.seen_groups: set[str] = set()
-        self.submitted = 0  # groups handed out and not released by a stale drop
+        # groups handed out and not released by a drop; a resumed run starts as if every
+        # earlier step's groups had been handed out (version x groups_per_step)
+        self.submitted = submitted
         self.stats = Counter()
         self._work_seq = 0
 
@@ -88,13 +91,16 @@ class Coordinator:
             self.poll(0.1)
 
     # -- hand-out ---------------------------------------------------------------------------
-    def admit(self, version: int) -> int:
-        """Hand out as much work as the staleness bound allows; returns groups handed out."""
+    def admit(self, version: int, max_staleness: int | None = None) -> int:
+        """Hand out as much work as the staleness bound allows; returns groups handed out.
+        `max_staleness` overrides the bound for this call (a Mu-GRPO stage of L steps admits
+        its L steps' groups at once: version = the stage's, bound = L - 1)."""
+        bound = self.max_staleness if max_staleness is None else max_staleness
         handed = 0
         while self.actors:
             allowed = 0
             while (allowed < self.prompts_per_work and may_admit(
-                    self.submitted + allowed, version, self.max_staleness, self.groups_per_step)):
+                    self.submitted + allowed, version, bound, self.groups_per_step)):
                 allowed += 1
             if allowed == 0:
                 break
@@ -110,7 +116,8 @@ class Coordinator:
         return handed
 
     def release(self, groups: int) -> None:
-        """Groups dropped as stale free their admission slots."""
+        """Groups dropped (stale, or filtered by DAPO's dynamic sampling) free their admission
+        slots, so more prompts are handed out in their place."""
         self.submitted -= groups
 
     def take(self, count: int) -> list[Group]:

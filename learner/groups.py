@@ -1,4 +1,6 @@
-"""Turning a step's scored groups into training rows, with the group statistics of ALGORITHMS.md 9.
+"""Group-level helpers: the group advantage estimator, group staleness, and the raw statistics
+of freshly generated groups (ALGORITHMS.md 1.2, 8.2, 9). learner/algorithms.py turns groups into
+training rows with them.
 
 Consumption-side staleness (8.2): a group whose oldest sample is more than `max_staleness`
 versions behind the learner is dropped (`drop`), kept with its loss scaled by
@@ -11,8 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from learner.advantages import drgrpo_advantages, grpo_advantages, rloo_advantages
-from learner.batch import Row
-from learner.staleness import staleness_summary, staleness_weight
+from learner.staleness import staleness_weight
 from protocol.config import LossConfig
 from protocol.messages import Group
 
@@ -36,27 +37,6 @@ def is_stale(group: Group, version: int, max_staleness: int, stale_policy: str) 
     return staleness_weight(group_staleness(group, version), max_staleness, stale_policy) is None
 
 
-def rows_from_groups(groups: list[Group], version: int, loss_cfg: LossConfig, max_staleness: int,
-                     stale_policy: str) -> tuple[list[Row], dict]:
-    """Rows for the loss and the step's group metrics. Groups must already be past the drop."""
-    rows: list[Row] = []
-    zero_adv = 0
-    for g in groups:
-        scale = staleness_weight(group_staleness(g, version), max_staleness, stale_policy) or 0.0
-        adv = group_advantages([s.reward for s in g.samples], loss_cfg)
-        zero_adv += all(a == 0.0 for a in adv)
-        for s, a in zip(g.samples, adv):
-            rows.append(Row(g.prompt_token_ids, s.token_ids, s.logprobs, a, s.policy_version,
-                            scale, g.group_id))
-    metrics = group_metrics(groups)
-    metrics.update(staleness_summary([version - r.policy_version for r in rows], max_staleness,
-                                     weights=[len(r.response) for r in rows]))
-    metrics["groups/frac_zero_adv_final"] = zero_adv / max(len(groups), 1)
-    metrics["train/rollouts_per_prompt"] = len(rows) / max(len(groups), 1)
-    metrics["reward/train_mean"] = float(np.mean([s.reward for g in groups for s in g.samples]))
-    return rows, metrics
-
-
 def group_metrics(groups: list[Group]) -> dict:
     """Raw statistics of freshly generated groups, before any intervention."""
     samples = [s for g in groups for s in g.samples]
@@ -68,6 +48,7 @@ def group_metrics(groups: list[Group]) -> dict:
     return {
         "gen/responses_per_prompt": len(samples) / n,
         "gen/responses_per_step": len(samples),
+        "gen/responses_per_prompt_max": max((len(g.samples) for g in groups), default=0),
         "groups/frac_all_fail_raw": sum(not any(a) for a in accs) / n,
         "groups/frac_all_correct_raw": sum(all(a) for a in accs) / n,
         "reward/acc_mean": float(np.mean([s.acc for s in samples])) if samples else 0.0,
@@ -75,7 +56,14 @@ def group_metrics(groups: list[Group]) -> dict:
         "resp/len_p90": float(np.percentile(lengths, 90)),
         "resp/len_max": int(lengths.max()),
         "resp/trunc_frac": float(np.mean([s.truncated for s in samples])) if samples else 0.0,
+        "resp/len_mean_correct": _mean_len(samples, True),
+        "resp/len_mean_incorrect": _mean_len(samples, False),
         "perf/gen_tokens_per_s": gen_tokens / gen_time if gen_time > 0 else 0.0,
         "gen/policy_version_min": min((s.policy_version for s in samples), default=0),
         "gen/policy_version_max": max((s.policy_version for s in samples), default=0),
     }
+
+
+def _mean_len(samples: list, acc: bool) -> float | None:
+    lengths = [len(s.token_ids) for s in samples if s.acc == acc]
+    return float(np.mean(lengths)) if lengths else None

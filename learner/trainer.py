@@ -1,9 +1,16 @@
 """The learner's loop: admit work, gather a step's groups, update, publish weights, log.
 
-One code path serves both schedules. `sync` is the case max_staleness = 0: exactly one step's
-groups are admitted per policy version, and the actors sample them with the weights the learner
-trains, so every sample has staleness 0 and the update is on-policy. `async` admits up to
-max_staleness steps ahead, so the actors keep generating while the learner trains.
+One code path serves the three schedules. `sync` is the case max_staleness = 0: exactly one
+step's groups are admitted per policy version, and the actors sample them with the weights the
+learner trains, so every sample has staleness 0 and the update is on-policy. `async` admits up to
+max_staleness steps ahead, so the actors keep generating while the learner trains. `staged`
+(Mu-GRPO) admits a whole stage of mu steps' groups with the stage's weights and publishes new
+weights only when the stage is trained, so step u of a stage trains on data u versions old; the
+learner starts training as soon as a step's groups are in (the data are the same either way).
+
+What enters the loss is decided per algorithm in learner/algorithms.py; DAPO's dynamic sampling
+happens here, at gathering: an uninformative group frees its admission slot, so another prompt is
+handed out in its place, and its responses still count as generated.
 
     python -m learner.main --run-dir runs/demo        # started by `rlvr train`, not by hand
 """
@@ -11,9 +18,11 @@ max_staleness steps ahead, so the actors keep generating while the learner train
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
+from collections import Counter
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -21,25 +30,23 @@ from transformers import AutoTokenizer
 from actors.verifier import Verifier
 from learner.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from learner.coordinator import Coordinator
-from learner.data import PromptStream, held_out
+from learner.algorithms import AlgorithmState, build_step
+from learner.data import PromptSource, PromptStream, held_out, rollout_spec
 from learner.engine import build_engine, init_learner_distributed, publish_weights
 from learner.evaluate import evaluate
-from learner.groups import group_metrics, is_stale, rows_from_groups
+from learner.groups import group_metrics, is_stale
+from learner.losses import dapo_keep_group
 from learner.plots import plot_run
 from learner.run_log import RunLog, write_json_atomic
 from learner.update import policy_update
 from protocol.config import Config, to_dict
-from protocol.messages import RolloutSpec
+from protocol.messages import Group
 from protocol.transport import LearnerEndpoint
 from protocol.weights import WeightGroup
 
 log = logging.getLogger(__name__)
 
-
-def rollout_spec(cfg: Config) -> RolloutSpec:
-    r = cfg.rollout
-    return RolloutSpec(strategy="fixed", max_new_tokens=r.max_new_tokens,
-                       temperature=r.temperature, top_p=r.top_p)
+_MAX_GOLDENS = 65536  # verified golden trajectories cached per prompt id (GCPO)
 
 
 def weight_backend(cfg: Config) -> str:
@@ -55,20 +62,28 @@ class Learner:
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.engine = build_engine(cfg, cfg.model.path)
         self.step = self.version = data_index = 0
+        self.algo = AlgorithmState(cfg)
         checkpoint = latest_checkpoint(run_dir) if resume else None
         if checkpoint is not None:
             state = load_checkpoint(checkpoint, self.engine)
             self.step, self.version, data_index = state["step"], state["version"], state["data_index"]
             set_rng_state(state["rng"])
+            if "algorithms" in state:
+                self.algo.load_state_dict(state["algorithms"])
             log.info("resumed from %s at step %d", checkpoint, self.step)
-        self.prompts = PromptStream(cfg, self.tokenizer, start=data_index)
+        self.prompts = PromptStream(cfg, self.tokenizer, start=data_index,
+                                    keep_solutions=cfg.gcpo.coef > 0)
         self.eval_problems = held_out(cfg)
         self.verifier = Verifier(cfg.actors.verifier_timeout_s)
         self.endpoint = LearnerEndpoint(cfg.net.bind_host, cfg.net.zmq_port,
                                         vocab_size=len(self.tokenizer))
-        self.coord = Coordinator(self.endpoint, self.prompts, rollout_spec(cfg),
-                                 cfg.rollout.prompts_per_step, cfg.rollout.prompts_per_work,
-                                 cfg.staleness_bound)
+        G = cfg.rollout.prompts_per_step
+        self.coord = Coordinator(self.endpoint,
+                                 PromptSource(cfg, self.prompts, self.algo.prompt_counts),
+                                 rollout_spec(cfg), G, cfg.rollout.prompts_per_work,
+                                 cfg.staleness_bound, submitted=self.version * G)
+        self.stage_end = self.stage_version = self.stage_start = self.step  # mode=staged
+        self.goldens: dict[str, list[int] | None] = {}
         self._write_processes()
         self.run_log = RunLog(run_dir, to_dict(cfg), wandb_mode=cfg.run.wandb,
                               progress=cfg.run.progress, total_steps=cfg.run.steps,
@@ -91,25 +106,80 @@ class Learner:
                         c.task.eval_samples, c.rollout.max_new_tokens, c.rollout.temperature,
                         c.task.prompt_template)
 
-    def _gather(self) -> tuple[list, dict]:
-        """Wait until a step's worth of fresh-enough groups is ready; returns them and counts."""
+    def _admit(self) -> None:
+        c = self.cfg
+        if c.mode != "staged":
+            self.coord.admit(self.version)
+            return
+        if self.step >= self.stage_end:  # a new stage: its groups, sampled with these weights
+            length = min(c.mugrpo.updates_per_stage, c.run.steps - self.step)
+            self.stage_start, self.stage_version = self.step, self.version
+            self.stage_end = self.step + length
+        self.coord.admit(self.stage_version, self.stage_end - self.stage_start - 1)
+
+    def _gather(self) -> tuple[list[Group], list[Group], dict]:
+        """Wait until a step's worth of fresh-enough (DAPO: informative) groups is ready.
+        Returns them, every group generated for the step (kept and filtered), and counts."""
         c, coord = self.cfg, self.coord
         need = c.rollout.prompts_per_step
-        kept, dropped = [], []
+        filtering = c.dapo.dynamic_sampling
+        kept, dropped, filtered = [], [], []
         t0 = time.time()
         while len(kept) < need:
-            coord.admit(self.version)
+            self._admit()
             for g in coord.take(need - len(kept)):
-                (dropped if is_stale(g, self.version, c.staleness_bound, c.stale_policy)
-                 else kept).append(g)
+                self.algo.observe(g)
+                if is_stale(g, self.version, c.staleness_bound, c.stale_policy):
+                    dropped.append(g)
+                    coord.release(1)
+                elif filtering and not dapo_keep_group([s.acc for s in g.samples]):
+                    filtered.append(g)
+                    coord.release(1)  # over-sampling: another prompt takes its place
+                else:
+                    kept.append(g)
+            if filtering and len(kept) + len(filtered) >= c.dapo.max_gen_batches * need:
+                break  # give up on a full batch and train on what there is (ALGORITHMS.md 2)
             if len(kept) < need:
                 coord.poll(0.05)
-        coord.release(len(dropped))
         info = {"perf/learner_idle_s": time.time() - t0,
-                "stale/dropped_frac": len(dropped) / (len(kept) + len(dropped))}
+                "stale/dropped_frac": len(dropped) / max(len(kept) + len(dropped), 1)}
         if dropped:
             info["stale/dropped_groups"] = len(dropped)
-        return kept, info
+        if filtering:
+            generated = len(kept) + len(filtered)
+            info.update({"dapo/groups_generated": generated, "dapo/groups_filtered": len(filtered),
+                         "dapo/gen_batches": math.ceil(generated / need),
+                         "dapo/gave_up": int(len(kept) < need)})
+        return kept, kept + filtered, info
+
+    def _goldens(self, groups: list[Group]) -> dict[str, list[int]]:
+        """Verified golden trajectories (token ids) of the all-fail groups, for GCPO."""
+        if self.cfg.gcpo.coef == 0:
+            return {}
+        out = {}
+        for g in groups:
+            known = self.prompts.pop_solution(g.group_id)
+            if known is None or any(s.acc for s in g.samples):
+                continue
+            if g.prompt_id not in self.goldens:
+                answer, solution = known
+                ok = solution is not None and self.verifier.score([solution], [answer])[0]
+                if len(self.goldens) >= _MAX_GOLDENS:
+                    self.goldens.clear()
+                self.goldens[g.prompt_id] = (
+                    self.tokenizer(solution, add_special_tokens=False).input_ids
+                    + [self.tokenizer.eos_token_id] if ok else None)
+            if self.goldens[g.prompt_id]:
+                out[g.group_id] = self.goldens[g.prompt_id]
+        return out
+
+    def _publishes(self) -> bool:
+        c = self.cfg
+        if self.step == c.run.steps:
+            return True
+        if c.mode == "staged":  # weights move to the actors only between stages
+            return self.step >= self.stage_end
+        return self.version % c.weight_sync.sync_every == 0
 
     def run(self) -> None:
         c = self.cfg
@@ -123,15 +193,25 @@ class Learner:
             self.run_log.log(0, {**self._evaluate(), "time_s": 0.0}, policy_version=0)
         while self.step < c.run.steps:
             t_step = time.time()
-            groups, metrics = self._gather()
-            rows, gm = rows_from_groups(groups, self.version, c.loss, c.staleness_bound,
-                                        c.stale_policy)
-            metrics.update(gm)
-            metrics.update(policy_update(self.engine, rows, c.loss, self.tokenizer.pad_token_id,
-                                         c.learner.micro_batch, c.rollout.max_new_tokens))
+            groups, generated, metrics = self._gather()
+            batch = build_step(groups, self.algo, c, self.version, self.step,
+                               self._goldens(groups))
+            metrics.update(group_metrics(generated))
+            metrics["gen/responses_per_trained_prompt"] = (
+                metrics["gen/responses_per_step"] / max(len(groups), 1))
+            metrics.update(batch.metrics)
+            if c.rollout.policy == "hora":
+                metrics["hora/alloc_hist"] = allocation_histogram(generated)
+            if c.mode == "staged":
+                metrics["stage/update"] = self.step - self.stage_start
+                metrics["stage/policy_version"] = self.stage_version
+            metrics.update(policy_update(self.engine, batch.rows, c.loss,
+                                         self.tokenizer.pad_token_id, c.learner.micro_batch,
+                                         c.rollout.max_new_tokens, veto=c.mugrpo,
+                                         contrasts=batch.contrasts, gcpo=c.gcpo))
             self.step += 1
             self.version += 1
-            if self.version % c.weight_sync.sync_every == 0 or self.step == c.run.steps:
+            if self._publishes():
                 metrics["timing/sync"] = self._publish_weights()
             if self.step % c.run.eval_every == 0 or self.step == c.run.steps:
                 metrics.update(self._evaluate())
@@ -147,7 +227,7 @@ class Learner:
 
     def _checkpoint(self) -> None:
         state = {"step": self.step, "version": self.version, "data_index": self.prompts.index,
-                 "rng": rng_state()}
+                 "rng": rng_state(), "algorithms": self.algo.state_dict()}
         save_checkpoint(self.run_dir, self.step, self.engine, self.tokenizer, state,
                         keep_last=self.cfg.run.keep_checkpoints)
 
@@ -165,4 +245,10 @@ class Learner:
             log.warning("plots not written: %s", e)
 
 
-__all__ = ["Learner", "group_metrics"]
+def allocation_histogram(groups: list[Group]) -> list[int]:
+    """hora/alloc_hist: entry k = prompts that were allocated k responses this step."""
+    sizes = Counter(len(g.samples) for g in groups)
+    return [sizes[k] for k in range(max(sizes, default=0) + 1)]
+
+
+__all__ = ["Learner", "group_metrics", "rollout_spec"]

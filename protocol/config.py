@@ -14,9 +14,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+import yaml
+
+from protocol.algorithm_config import (AEROConfig, AR3POConfig, DAPOConfig, GCPOConfig,
+                                       HORAConfig, MuGRPOConfig)
 from protocol.config_loader import ConfigError, build, dump, load, to_dict  # noqa: F401
+from protocol.presets import merge_under, preset
 
 Aggregation = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
+Algorithm = Literal["grpo", "dapo", "drgrpo", "rloo", "ar3po", "aero", "hora", "mugrpo", "gcpo"]
 
 
 @dataclass(frozen=True)
@@ -120,12 +126,21 @@ class RolloutConfig:
     prompts_per_work: int = 8
     """Prompts per work item handed to an actor: smaller items let weight syncs interleave
     sooner in async mode, larger ones batch generation better."""
+    policy: Literal["fixed", "staged", "aero", "hora"] = "fixed"
+    """Rollout policy: fixed = group_size responses per prompt (GRPO); staged = AR3PO stages
+    (ar3po.stage_sizes) that stop at a prompt's first correct response; aero = AERO explore
+    then rescue rounds from a pooled budget (aero.*); hora = the learner allocates each step's
+    group_size x prompts_per_step responses by greedy hit utility (hora.*)."""
 
 
 @dataclass(frozen=True)
 class LossConfig:
     advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
     """Group advantage estimator (ALGORITHMS.md 1.2)."""
+    old_policy: Literal["proximal", "behaviour"] = "proximal"
+    """Denominator of the PPO ratio: 'proximal' = decoupled PPO, the learner's weights at the
+    start of the step, with the behaviour weight w = pi_prox / pi_behav (8.3); 'behaviour' =
+    the stored behaviour log-probs, w = 1 (Mu-GRPO, 5.2)."""
     std_mode: Literal["unbiased", "population"] = "unbiased"
     """Std used by the GRPO advantage."""
     aggregation: Aggregation = "seq-mean-token-mean"
@@ -218,10 +233,13 @@ class WeightSyncConfig:
 
 @dataclass(frozen=True)
 class Config:
-    algorithm: Literal["grpo"] = "grpo"
-    """Algorithm preset (rollout policy, reuse, curation and loss)."""
-    mode: Literal["sync", "async"] = "async"
-    """sync: generate then train, staleness 0; async: actors keep generating while the learner trains."""
+    algorithm: Algorithm = "grpo"
+    """Algorithm preset: its rollout policy, reuse, curation and loss settings (protocol/
+    presets.py) fill every key the YAML and the overrides leave unset."""
+    mode: Literal["sync", "async", "staged"] = "async"
+    """sync: generate then train, staleness 0; async: actors keep generating while the learner
+    trains; staged: Mu-GRPO stages of mugrpo.updates_per_stage steps on data sampled with the
+    stage's frozen weights (weights are published only between stages)."""
     max_staleness: int = 2
     """Async: bound on policy versions between the weights that sampled a response and the
     learner that consumes it, enforced at admission and at consumption."""
@@ -238,6 +256,12 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     net: NetConfig = field(default_factory=NetConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    ar3po: AR3POConfig = field(default_factory=AR3POConfig)
+    aero: AEROConfig = field(default_factory=AEROConfig)
+    hora: HORAConfig = field(default_factory=HORAConfig)
+    dapo: DAPOConfig = field(default_factory=DAPOConfig)
+    mugrpo: MuGRPOConfig = field(default_factory=MuGRPOConfig)
+    gcpo: GCPOConfig = field(default_factory=GCPOConfig)
 
     def validate(self) -> None:
         if self.run.steps < 1:
@@ -252,11 +276,21 @@ class Config:
             raise ConfigError("task.train_path is required when task.kind is 'file'")
         if self.actors.count < 1:
             raise ConfigError("actors.count must be >= 1")
+        if self.rollout.policy == "hora" and self.rollout.group_size < self.hora.k_min:
+            raise ConfigError("rollout.group_size must be >= hora.k_min (the per-prompt budget "
+                              "must give every prompt k_min responses)")
 
     @property
     def staleness_bound(self) -> int:
-        """The bound in force: sync mode is the special case max_staleness = 0."""
-        return 0 if self.mode == "sync" else self.max_staleness
+        """The bound in force: sync mode is the special case max_staleness = 0; in a Mu-GRPO
+        stage of mu steps, step u trains on data u versions old."""
+        match self.mode:
+            case "sync":
+                return 0
+            case "staged":
+                return self.mugrpo.updates_per_stage - 1
+            case _:
+                return self.max_staleness
 
     @property
     def run_dir(self) -> Path:
@@ -264,10 +298,42 @@ class Config:
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    return load(Config, path, list(overrides))
+    """The YAML at `path` with `overrides` on top and the preset of its `algorithm` underneath
+    (defaults < preset < YAML < overrides)."""
+    data = _read_yaml(Path(path))
+    name = data.get("algorithm", "grpo")
+    for text in overrides:  # the last `algorithm=` override wins, as in `build`
+        key, eq, raw = text.partition("=")
+        if eq and key.strip() == "algorithm":
+            try:
+                name = yaml.safe_load(raw)
+            except yaml.YAMLError:
+                pass  # `build` reports the bad override, naming it
+    return build(Config, merge_under(preset(name) if isinstance(name, str) else {}, data),
+                 list(overrides))
+
+
+def _read_yaml(path: Path) -> dict:
+    """The YAML mapping at `path` ({} for an empty file); errors name the file (and line)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"YAML syntax error in {at}: {getattr(e, 'problem', None) or e}") from e
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, got "
+                          f"{type(data).__name__}")
+    return data or {}
 
 
 def with_overrides(config: Config, overrides: list[str]) -> Config:
+    """`config` with dotted overrides on top. No preset is applied: every key of a built config
+    is already explicit, so `algorithm=` here renames the run's algorithm and nothing else."""
     return build(Config, to_dict(config), overrides)
 
 

@@ -46,7 +46,10 @@ class RolloutSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
       staged - AR3PO: successive stages of `stage_sizes[s]` responses, a prompt leaves the active
                set once it has a correct response.
       aero   - AERO: `aero_explore` responses, then rescue rounds of `aero_rescue_step` for
-               all-fail prompts, while the pooled budget `aero_budget` lasts.
+               prompts with at most `aero_rescue_threshold` correct (0: all-fail) until their
+               first correct response, at most `aero_max_rounds` rounds and
+               `aero_max_per_prompt` responses per prompt, while the pooled budget lasts:
+               `aero_budget` responses per prompt of the work item, shared by all of them.
     """
 
     strategy: Literal["fixed", "staged", "aero"]
@@ -59,6 +62,7 @@ class RolloutSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     aero_max_rounds: int = 0
     aero_max_per_prompt: int = 0
     aero_budget: int = 0
+    aero_rescue_threshold: int = 0
 
 
 class Work(_Message, tag="work"):

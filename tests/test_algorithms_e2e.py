@@ -1,0 +1,142 @@
+"""Every algorithm trains the tiny model for three steps with real actor and learner processes,
+selected by one `algorithm=<name>` override, and its metrics say what its definition says.
+
+Runs that need prompts to come back (reuse, HORA's counts, the veto's negative responses) use a
+four-problem file task whose questions the warm-started tiny model gets right 10-20% of the time,
+so all-fail, mixed and repeated groups all occur within a few steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import quick_run_args, read_rows, run_rlvr
+
+pytestmark = pytest.mark.slow
+
+FEW = [("8-2=", "6"), ("8+1=", "9"), ("3+0=", "3"), ("6-5=", "1")]
+N, PROMPTS = 8, 8  # rollout.group_size (tiny-cpu.yaml) and rollout.prompts_per_step (quick run)
+
+
+def few_problems(tmp_path: Path) -> list[str]:
+    path = tmp_path / "few.jsonl"
+    path.write_text("".join(json.dumps({"prompt": q, "answer": a, "solution": f"\\boxed{{{a}}}"})
+                            + "\n" for q, a in FEW))
+    return ["task.kind=file", f"task.train_path={path}", f"task.eval_path={path}"]
+
+
+def train(tmp_path: Path, model: Path, name: str, *overrides: str) -> list[dict]:
+    """Three learner steps; returns the metrics rows of the training steps."""
+    run = tmp_path / name
+    done = run_rlvr(*quick_run_args(run, model, "run.steps=3", "run.eval_every=100", *overrides))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [r for r in read_rows(run) if r["step"] > 0]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(math.isfinite(r["loss"]) for r in rows)
+    return rows
+
+
+@pytest.mark.parametrize("name", ["grpo", "drgrpo", "rloo"])
+def test_fixed_n_algorithms_generate_exactly_n_responses_per_prompt(tmp_path, tiny_model, name):
+    rows = train(tmp_path, tiny_model, name, f"algorithm={name}")
+    for r in rows:
+        assert r["gen/responses_per_prompt"] == r["gen/responses_per_prompt_max"] == N
+        assert r["gen/responses_per_step"] == N * PROMPTS
+        assert r["train/rollouts_per_prompt"] == N
+
+
+def test_dapo_counts_every_over_sampled_group_and_trains_only_informative_ones(tmp_path,
+                                                                               tiny_model):
+    rows = train(tmp_path, tiny_model, "dapo", "algorithm=dapo")
+    assert sum(r["dapo/groups_filtered"] for r in rows) > 0  # the warm start fails often
+    for r in rows:
+        generated = r["dapo/groups_generated"]
+        assert r["gen/responses_per_step"] == N * generated  # filtered groups counted too
+        assert r["dapo/gen_batches"] == math.ceil(generated / PROMPTS)
+        if not r["dapo/gave_up"]:
+            assert generated - r["dapo/groups_filtered"] == PROMPTS
+            assert r["groups/frac_zero_adv_final"] == 0
+            assert r["gen/responses_per_trained_prompt"] == N * generated / PROMPTS
+
+
+def test_ar3po_stays_within_its_stage_sizes_and_reuses_past_successes(tmp_path, tiny_model):
+    rows = train(tmp_path, tiny_model, "ar3po", "algorithm=ar3po", "ar3po.stage_sizes=[2,2,4]",
+                 *few_problems(tmp_path))
+    for r in rows:
+        assert r["gen/responses_per_prompt_max"] <= 2 + 2 + 4
+        assert 2 <= r["gen/responses_per_prompt"] <= 8
+        assert r["reuse/rate"] == r["reuse/reused"] / max(r["reuse/reused"] + r["reuse/unavailable"], 1)
+        assert 0 <= r["rescue/frac_rescued"] <= 1
+    assert sum(r["reuse/reused"] for r in rows) > 0
+    assert max(r["reuse/rate"] for r in rows) > 0
+
+
+def test_aero_trains_on_fewer_rollouts_than_it_generates_within_its_pooled_budget(tmp_path,
+                                                                                  tiny_model):
+    rows = train(tmp_path, tiny_model, "aero", "algorithm=aero")
+    for r in rows:
+        assert 8 <= r["gen/responses_per_prompt"] <= 16  # explore 8 + pooled (16 - 8) per prompt
+        assert r["train/rollouts_per_prompt"] < r["gen/responses_per_prompt"]
+        assert 0 <= r["rescue/frac_rescued"] <= 1
+        assert sum(r[f"aero/frac_{s}"] for s in ("rescue", "low", "high")) == pytest.approx(1)
+
+
+def test_mugrpo_trains_a_stage_on_frozen_data_with_growing_staleness_and_the_veto(tmp_path,
+                                                                                 tiny_model):
+    # veto_delta 2 makes every token of a negative response a trigger (its ratio is near 1), so
+    # the veto's effect is certain: only the first token of each negative response stays
+    rows = train(tmp_path, tiny_model, "mugrpo", "algorithm=mugrpo", "mugrpo.updates_per_stage=3",
+                 "mugrpo.veto_delta=2.0", *few_problems(tmp_path))
+    assert [r["stage/update"] for r in rows] == [0, 1, 2]
+    assert [r["stale/mean"] for r in rows] == [0, 1, 2]  # one stage: data of version 0
+    assert all(r["gen/policy_version_max"] == 0 for r in rows)  # no weights mid-stage
+    for r in rows:
+        assert r["is/w_mean"] == 1.0  # ratio to behaviour, no decoupled weight
+        assert r["veto/resp_frac"] == 1.0 and 0 < r["veto/token_frac"] < 1
+
+
+def test_gcpo_reports_its_term_active_on_the_all_fail_groups(tmp_path, tiny_model):
+    rows = train(tmp_path, tiny_model, "gcpo", "algorithm=gcpo")
+    assert max(r["gcpo/active_frac"] for r in rows) > 0
+    for r in rows:  # the synthetic task's solutions always verify, so every all-fail group is
+        assert r["gcpo/no_golden"] == 0
+        assert r["gcpo/active_frac"] == r["groups/frac_zero_adv_final_all_fail"]
+
+
+def test_hora_with_rloo_allocates_the_step_budget_and_its_statistics_survive_resume(tmp_path,
+                                                                                    tiny_model):
+    run = tmp_path / "hora"
+    args = quick_run_args(run, tiny_model, "algorithm=hora", "loss.advantage=rloo", "mode=sync",
+                          "ar3po.reuse_mode=advantage_only", "ar3po.buffer_size=64",
+                          "run.steps=2", "run.checkpoint_every=1", "run.eval_every=100",
+                          *few_problems(tmp_path))
+    first = run_rlvr(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = json.loads((run / "checkpoints" / "step_000002" / "state.json").read_text())
+    shutil.copy(run / "checkpoints" / "step_000002" / "state.json", tmp_path / "saved.json")
+    again = run_rlvr("train", "--resume", str(run), "run.steps=3")
+    assert again.returncode == 0, again.stderr[-3000:]
+    rows = [r for r in read_rows(run) if r["step"] > 0]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        hist = r["hora/alloc_hist"]
+        assert sum(k * c for k, c in enumerate(hist)) == N * PROMPTS  # compute-matched budget
+        assert sum(hist[:2]) == 0 and len(hist) <= 4 * N + 1  # k_min = 2 <= k <= 4N
+    assert any(r["hora/alloc_hist"][N] < PROMPTS for r in rows[1:])  # counts shaped it
+    final = json.loads((run / "checkpoints" / "step_000003" / "state.json").read_text())
+    before, after = saved["algorithms"], final["algorithms"]
+    step3 = rows[2]
+    assert sum(c + f for _, c, f in after["counts"]) == \
+        sum(c + f for _, c, f in before["counts"]) + step3["gen/responses_per_step"]
+    assert after["totals"]["all_fail"] == before["totals"]["all_fail"] + \
+        step3["reuse/reused"] + step3["reuse/unavailable"]
+
+    def entries(state):
+        return {(p, e["step"], tuple(e["token_ids"])) for p, es in state["reuse"]["prompts"]
+                for e in es}
+    assert entries(before) <= entries(after) and entries(before)

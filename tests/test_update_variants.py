@@ -1,0 +1,134 @@
+"""The policy update's variants (learner/update.py): ratio to behaviour vs proximal policy, the
+Mu-GRPO veto inside a real step, and the GCPO term. A plain torch optimizer stands in for
+DeepSpeed behind the same four calls the update makes."""
+
+import copy
+
+import pytest
+import torch
+
+from actors.tiny_model import build_model, build_tokenizer
+from learner.batch import pack
+from learner.update import (ContrastGroup, LossRow, contrast_batches, policy_update,
+                            ratio_terms, token_logp)
+from protocol.algorithm_config import GCPOConfig, MuGRPOConfig
+from protocol.config import LossConfig
+
+PROMPT, RESPONSE = [3, 4], [5, 6, 7]
+
+
+class Engine:
+    """The part of a DeepSpeed engine the update uses: forward, backward, step at a boundary."""
+
+    def __init__(self, model, lr=0.5):
+        self.module = model
+        self.opt = torch.optim.SGD(model.parameters(), lr=lr)
+        self.boundary = True
+
+    def __call__(self, **kw):
+        return self.module(**kw)
+
+    def train(self):
+        self.module.train()
+
+    def set_gradient_accumulation_boundary(self, boundary):
+        self.boundary = boundary
+
+    def backward(self, loss):
+        loss.backward()
+
+    def step(self):
+        if self.boundary:
+            self.opt.step()
+            self.opt.zero_grad()
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return build_model(build_tokenizer(), hidden=32, layers=1, heads=2, ffn=64).eval()
+
+
+def own_logp(model, response=RESPONSE) -> list[float]:
+    """The model's own log-probs of `response`: a behaviour policy equal to the current one."""
+    packed = pack([LossRow(PROMPT, response, [0.0] * len(response), 0.0, 0)], 0)
+    with torch.no_grad():
+        logp, _ = token_logp(model, packed)
+    return logp[0][packed.mask[0] != 0].tolist()
+
+
+def row(model, adv, shift=0.0, **kw) -> LossRow:
+    return LossRow(PROMPT, RESPONSE, [x + shift for x in own_logp(model)], adv, 0, **kw)
+
+
+def run(model, rows, loss_cfg, micro_batch=64, **kw) -> dict:
+    return policy_update(Engine(copy.deepcopy(model)), rows, loss_cfg, 0, micro_batch, 8, **kw)
+
+
+def test_ratio_to_behaviour_uses_stored_logprobs_and_weight_one():
+    prox, behav = torch.zeros(2, 3), torch.full((2, 3), -1.0)
+    corrected = torch.tensor([[True], [False]])
+    old, w, keep, _ = ratio_terms(prox, behav, corrected, LossConfig(old_policy="behaviour"))
+    assert old[0].tolist() == [-1.0] * 3 and old[1].tolist() == [0.0] * 3
+    assert w.eq(1).all() and keep.all()
+
+
+def test_the_proximal_ratio_truncates_the_behaviour_weight_except_for_uncorrected_rows():
+    prox, behav = torch.zeros(2, 3), torch.full((2, 3), -5.0)
+    corrected = torch.tensor([[True], [False]])
+    old, w, _, truncated = ratio_terms(prox, behav, corrected, LossConfig())
+    assert old.eq(prox).all() and w[0].tolist() == [2.0] * 3 and w[1].tolist() == [1.0] * 3
+    assert truncated[0].all() and not truncated[1].any()
+
+
+def test_a_policy_recomputed_row_is_trained_with_weight_one_however_stale_its_logprobs(model):
+    m = run(model, [row(model, 1.0, shift=-5.0, behav_weight=False)], LossConfig())
+    assert m["is/w_mean"] == pytest.approx(1.0) and m["is/w_truncated_frac"] == 0
+
+
+def veto_cfg(delta):
+    return MuGRPOConfig(veto_scope="suffix", veto_delta=delta)
+
+
+def test_the_veto_keeps_only_tokens_up_to_the_first_trigger_of_negative_responses(model):
+    loss_cfg = LossConfig(old_policy="behaviour", aggregation="token-mean", clip_low=1.0,
+                          clip_high=4.0)
+    rows = [row(model, 1.0), row(model, -1.0)]
+    m = run(model, rows, loss_cfg, veto=veto_cfg(2.0))  # ratio 1 < 2: every token triggers
+    assert m["veto/resp_frac"] == 1.0 and m["veto/token_frac"] == pytest.approx(2 / 3)
+    assert m["veto/token_frac_all"] == pytest.approx(2 / 6)
+    # ratio 1: loss = -(3 x (+1) + 1 x (-1)) / 4 kept tokens; vetoed tokens leave the denominator
+    assert m["loss"] == pytest.approx(-0.5, abs=1e-5)
+
+
+def test_no_token_is_vetoed_while_the_policy_stays_near_its_behaviour(model):
+    loss_cfg = LossConfig(old_policy="behaviour", aggregation="token-mean")
+    m = run(model, [row(model, 1.0), row(model, -1.0)], loss_cfg, veto=veto_cfg(1e-4))
+    assert m["veto/token_frac"] == 0 and m["veto/resp_frac"] == 0
+
+
+def test_the_vetoed_loss_does_not_depend_on_the_micro_batch_split(model):
+    loss_cfg = LossConfig(old_policy="behaviour", aggregation="token-mean")
+    rows = [row(model, a, shift=s) for a, s in [(1.0, 0.3), (-1.0, 0.0), (-0.5, -0.2), (2.0, 0.1)]]
+    whole = run(model, rows, loss_cfg, micro_batch=64, veto=veto_cfg(1.1))
+    split = run(model, rows, loss_cfg, micro_batch=1, veto=veto_cfg(1.1))
+    assert whole["veto/token_frac"] > 0
+    assert split["loss"] == pytest.approx(whole["loss"], abs=1e-6)
+
+
+def test_gcpo_raises_the_margin_between_the_golden_and_the_failures(model):
+    contrast = ContrastGroup(PROMPT, [9, 10, 1], [[11, 12, 1], [13, 1]])
+    m = run(model, [], LossConfig(), contrasts=[contrast], gcpo=GCPOConfig(coef=1.0))
+    assert m["gcpo/margin_after"] > m["gcpo/margin"]
+    assert m["gcpo/gate_closed_frac"] == 0  # one update per step: the gates start open
+
+
+def test_contrast_groups_are_batched_whole():
+    groups = [ContrastGroup([1], [2], [[3]] * k) for k in (3, 3, 1)]
+    assert [len(b) for b in contrast_batches(groups, micro_batch=6)] == [1, 2]
+    assert [len(b) for b in contrast_batches(groups, micro_batch=1)] == [1, 1, 1]
+
+
+def test_token_ratios_are_null_not_zero_when_no_token_enters_the_loss(model):
+    m = run(model, [row(model, 0.0), row(model, 0.0)], LossConfig())
+    assert m["is/w_mean"] is None and m["pg/clip_frac"] is None and m["grad_norm"] is None
