@@ -61,7 +61,16 @@ def group_metrics(groups: list[Group]) -> dict:
         "perf/gen_tokens_per_s": gen_tokens / gen_time if gen_time > 0 else 0.0,
         "gen/policy_version_min": min((s.policy_version for s in samples), default=0),
         "gen/policy_version_max": max((s.policy_version for s in samples), default=0),
+        "actors/groups_by_actor": groups_by_actor(groups),
     }
+
+
+def groups_by_actor(groups: list[Group]) -> dict[str, int]:
+    """How many of the step's groups each actor sampled (keys: actor ids as strings)."""
+    counts: dict[str, int] = {}
+    for g in groups:
+        counts[str(g.actor_id)] = counts.get(str(g.actor_id), 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: int(kv[0])))
 
 
 def _mean_len(samples: list, acc: bool) -> float | None:

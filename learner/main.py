@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 
 import torch
 
 from protocol.config import load_config
+from slurm.roles import REQUEUE_EXIT_CODE  # exit code that makes the SLURM job requeue itself
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,13 +27,25 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.run_dir / "config.yaml", args.overrides)
     torch.set_num_threads(cfg.learner.threads)
     torch.manual_seed(cfg.run.seed)
-    from learner.trainer import Learner  # heavy imports after argument errors are reported
+    # SIGUSR1 = "checkpoint and stop" (SLURM sends it before the time limit); a notice that
+    # arrives while the learner is still starting is kept and honoured after its first step
+    notices: list[int] = []
+    signal.signal(signal.SIGUSR1, lambda *_: notices.append(1))
+    from learner.trainer import Learner, Preempted  # heavy imports after argument errors
 
     learner = Learner(cfg, args.run_dir, args.resume)
+    signal.signal(signal.SIGUSR1, lambda *_: learner.request_preemption())
+    if notices:
+        learner.request_preemption()
+    reason = "done"
     try:
         learner.run()
+    except Preempted as stop:
+        reason = "preempted"
+        logging.info("preempted: checkpointed step %d, exiting for requeue", stop.args[0])
+        return REQUEUE_EXIT_CODE
     finally:
-        learner.close()
+        learner.close(reason)
     return 0
 
 

@@ -55,9 +55,15 @@ def weight_backend(cfg: Config) -> str:
     return "nccl" if cfg.model.device.startswith("cuda") else "gloo"
 
 
+class Preempted(Exception):
+    """The run stopped early on request, after checkpointing `step`; it resumes from there."""
+
+
 class Learner:
     def __init__(self, cfg: Config, run_dir: Path, resume: bool):
         self.cfg, self.run_dir = cfg, run_dir
+        self.preempt_requested = False
+        self._checkpointed_step: int | None = None
         init_learner_distributed(cfg, rank=0, world_size=cfg.learner.ranks)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.engine = build_engine(cfg, cfg.model.path)
@@ -224,8 +230,18 @@ class Learner:
             metrics["time_s"] = time.time() - t_start
             metrics["protocol/rejected"] = sum(self.endpoint.rejected.values())
             self.run_log.log(self.step, metrics, policy_version=self.version)
+            if self.preempt_requested:  # SIGUSR1 (SLURM's notice before the time limit)
+                self._checkpoint()
+                raise Preempted(self.step)
+
+    def request_preemption(self) -> None:
+        """Checkpoint after the step in progress and stop (called from a signal handler)."""
+        self.preempt_requested = True
 
     def _checkpoint(self) -> None:
+        if self._checkpointed_step == self.step:
+            return
+        self._checkpointed_step = self.step
         state = {"step": self.step, "version": self.version, "data_index": self.prompts.index,
                  "rng": rng_state(), "algorithms": self.algo.state_dict()}
         save_checkpoint(self.run_dir, self.step, self.engine, self.tokenizer, state,

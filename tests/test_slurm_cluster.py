@@ -151,19 +151,64 @@ def test_the_time_limit_itself_sends_the_learner_its_preemption_notice(slurm_clu
     assert (probe / "learner-0-r1.json").exists()
 
 
-def test_a_real_run_trains_with_learner_and_actors_on_different_nodes(slurm_cluster, tmp_path,
-                                                                      tiny_model):
+def submit_with_cli(*args: str) -> str:
+    """`rlvr slurm submit ...` as a user types it; returns the job id it prints."""
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "learner.cli", "slurm", "submit", *args],
+                          capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.strip().splitlines()[-1].split()[-1]
+
+
+def test_a_real_async_run_is_preempted_requeued_and_resumes_without_gaps(slurm_cluster, tmp_path,
+                                                                           tiny_model):
     from tests.conftest import TINY, quick_run_args, read_rows
 
     run_dir = tmp_path / "real"
-    overrides = quick_run_args(run_dir, tiny_model, "mode=sync", "run.steps=3",
-                               "run.eval_every=3")[2:]  # [2:]: past "train CONFIG"
-    job = submit(TINY, overrides, nodes=3, actors_per_node=1, run_dir=run_dir, time="10:00",
-                 signal_s=60)
+    overrides = quick_run_args(run_dir, tiny_model, "algorithm=grpo", "mode=async",
+                               "max_staleness=1", "run.steps=10", "run.eval_every=100",
+                               "run.checkpoint_every=100")[2:]  # [2:]: past "train CONFIG"
+    job = submit_with_cli(str(TINY), *overrides, "--nodes", "3", "--actors-per-node", "1",
+                          "--run-dir", str(run_dir), "--time", "10:00", "--signal-s", "60")
+    metrics = run_dir / "metrics.jsonl"
+    slurm_cluster.wait_for("three learner steps", lambda: metrics.exists() and len(
+        metrics.read_text().splitlines()) >= 4, 240, job)
+    # what --signal=B:USR1@N does before the time limit, sent now: checkpoint, exit 3, requeue
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
+
+    def requeued():
+        lines = slurm_cluster.job_lines(job)
+        return lines and lines[0].get("Restarts") == "1" and lines[0]["JobState"] == "PENDING"
+    slurm_cluster.wait_for("the job to be requeued", requeued, 120, job)
+    slurm_cluster.hurry(job)
+    assert slurm_cluster.wait_job(job, timeout_s=300) == ("COMPLETED", "0:0"), \
+        slurm_cluster.context(job)
+
+    rows = read_rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(11))  # no gap, no repeat across the requeue
+    log = (run_dir / f"slurm-{job}.out").read_text()
+    assert "learner step exited 3" in log and "learner step exited 0" in log
+    trained = [r for r in rows if r["step"] > 0]
+    assert all(r["stale/max"] <= 1 for r in trained)
+    # groups came from both actor nodes (actors 0 and 1 sit on c2 and c3 by the layout)
+    by_actor: dict[str, int] = {}
+    for r in trained:
+        for actor, n in r["actors/groups_by_actor"].items():
+            by_actor[actor] = by_actor.get(actor, 0) + n
+    assert set(by_actor) == {"0", "1"} and min(by_actor.values()) > 0
+
+
+def test_a_real_hetjob_run_completes(slurm_cluster, tmp_path, tiny_model):
+    from tests.conftest import TINY, quick_run_args, read_rows
+
+    run_dir = tmp_path / "het"
+    overrides = quick_run_args(run_dir, tiny_model, "algorithm=grpo", "mode=sync",
+                               "run.steps=2", "run.eval_every=100")[2:]
+    job = submit_with_cli(str(TINY), *overrides, "--nodes", "3", "--actors-per-node", "1",
+                          "--hetjob", "--run-dir", str(run_dir), "--time", "10:00",
+                          "--signal-s", "60")
     assert slurm_cluster.wait_job(job, timeout_s=240) == ("COMPLETED", "0:0"), \
         slurm_cluster.context(job)
-    rows = read_rows(run_dir)
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
-    log = (run_dir / f"slurm-{job}.out").read_text()
-    # both actors (on c2 and c3 by the layout) reached the learner on c1 through its NodeAddr
-    assert "actor 0 joined" in log and "actor 1 joined" in log
+    assert [r["step"] for r in read_rows(run_dir)] == [0, 1, 2]
