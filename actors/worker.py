@@ -30,7 +30,10 @@ log = logging.getLogger(__name__)
 def engine_kwargs(cfg: Config) -> dict:
     if cfg.actors.engine == "hf":
         return dict(device=cfg.model.device, dtype=cfg.model.dtype, max_batch=cfg.actors.max_batch)
-    return dict(dtype=cfg.model.dtype)
+    a = cfg.actors
+    return dict(dtype=cfg.model.dtype, gpu_memory_utilization=a.gpu_memory_utilization,
+                enable_prefix_caching=a.enable_prefix_caching, max_model_len=a.max_model_len,
+                enforce_eager=a.enforce_eager, seed=cfg.run.seed)
 
 
 def weight_backend(cfg: Config) -> str:

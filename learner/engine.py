@@ -34,7 +34,7 @@ def build_engine(cfg: Config, model_path: str):
     import deepspeed
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    if cfg.model.device.startswith("cuda"):
+    if cfg.learner.grad_checkpointing:
         model.gradient_checkpointing_enable()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr,
                                   weight_decay=cfg.optim.weight_decay)

@@ -105,7 +105,7 @@ def train(config_path: str | None, overrides: list[str], resume_dir: str | None,
                           ["net.zmq_port=0", "net.weights_port=0", "net.master_port=0", *overrides])
     else:
         cfg = load_config(config_path, overrides)
-        run_dir = run_dir_for(cfg, resume=False)
+        run_dir = cfg.run_dir if dry_run else run_dir_for(cfg, resume=False)
     if dry_run:
         from protocol.config_loader import to_dict
         import yaml

@@ -193,6 +193,14 @@ class ActorsConfig:
     """Actor heartbeat period."""
     verifier_timeout_s: float = 5.0
     """Time bound for one math-verify check."""
+    gpu_memory_utilization: float = 0.5
+    """vLLM: fraction of GPU memory for weights and KV cache."""
+    enable_prefix_caching: bool = True
+    """vLLM: share the KV cache of common prompt prefixes (a prompt's n samples, AR3PO stages)."""
+    max_model_len: int | None = None
+    """vLLM: longest prompt+response; null = the model's own limit."""
+    enforce_eager: bool = False
+    """vLLM: skip CUDA graph capture (faster start, slower decoding)."""
 
 
 @dataclass(frozen=True)
@@ -203,6 +211,8 @@ class LearnerConfig:
     """Torch CPU threads per learner rank."""
     micro_batch: int = 256
     """Sequences per forward/backward micro-batch (gradients accumulate over the step)."""
+    grad_checkpointing: bool = False
+    """Recompute activations in the backward pass (large models on GPU)."""
 
 
 @dataclass(frozen=True)
@@ -276,6 +286,9 @@ class Config:
             raise ConfigError("task.train_path is required when task.kind is 'file'")
         if self.actors.count < 1:
             raise ConfigError("actors.count must be >= 1")
+        if self.learner.ranks != 1:
+            raise ConfigError("learner.ranks: data-parallel learner ranks are not implemented "
+                              "yet; use 1 (scale generation with actors.count)")
         if self.rollout.policy == "hora" and self.rollout.group_size < self.hora.k_min:
             raise ConfigError("rollout.group_size must be >= hora.k_min (the per-prompt budget "
                               "must give every prompt k_min responses)")

@@ -1,0 +1,37 @@
+"""Every shipped config loads and validates, and the GPU ones select the GPU path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from protocol.config import ConfigError, load_config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads_and_validates(path):
+    cfg = load_config(path)
+    assert cfg.run.steps >= 1
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS if p.name.startswith("qwen")],
+                         ids=lambda p: p.name)
+def test_real_model_configs_use_vllm_on_cuda_with_their_algorithm(path):
+    cfg = load_config(path)
+    assert cfg.actors.engine == "vllm" and cfg.model.device == "cuda"
+    assert cfg.model.path.startswith("Qwen/")
+    assert cfg.algorithm in path.name
+
+
+def test_the_tiny_default_is_ar3po_in_async_mode():
+    cfg = load_config(CONFIGS[-1] if CONFIGS[-1].name == "tiny-cpu.yaml"
+                      else next(p for p in CONFIGS if p.name == "tiny-cpu.yaml"))
+    assert (cfg.algorithm, cfg.mode) == ("ar3po", "async")
+
+
+def test_more_than_one_learner_rank_is_refused_with_a_clear_message(tmp_path):
+    with pytest.raises(ConfigError, match="learner.ranks"):
+        load_config(CONFIGS[0], ["learner.ranks=2"])
