@@ -36,12 +36,6 @@ def engine_kwargs(cfg: Config) -> dict:
                 enforce_eager=a.enforce_eager, seed=cfg.run.seed)
 
 
-def weight_backend(cfg: Config) -> str:
-    if cfg.weight_sync.backend != "auto":
-        return cfg.weight_sync.backend
-    return "nccl" if cfg.model.device.startswith("cuda") else "gloo"
-
-
 def run_actor(cfg: Config, actor_id: int) -> int:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     engine = make_engine(cfg.actors.engine, cfg.model.path, **engine_kwargs(cfg))
@@ -56,7 +50,7 @@ def run_actor(cfg: Config, actor_id: int) -> int:
     send(Hello, actor_id=actor_id, host=socket.gethostname(), pid=os.getpid())
     weights = WeightGroup.create(cfg.net.learner_host, cfg.net.weights_port, actor_id + 1,
                                  cfg.actors.count + 1, cfg.weight_sync.timeout_s,
-                                 weight_backend(cfg))
+                                 cfg.weight_backend)
     queue: deque = deque()
     last_beat = time.monotonic()
     try:

@@ -49,12 +49,6 @@ log = logging.getLogger(__name__)
 _MAX_GOLDENS = 65536  # verified golden trajectories cached per prompt id (GCPO)
 
 
-def weight_backend(cfg: Config) -> str:
-    if cfg.weight_sync.backend != "auto":
-        return cfg.weight_sync.backend
-    return "nccl" if cfg.model.device.startswith("cuda") else "gloo"
-
-
 class Preempted(Exception):
     """The run stopped early on request, after checkpointing `step`; it resumes from there."""
 
@@ -192,7 +186,7 @@ class Learner:
         self.coord.wait_for_actors(c.actors.count, c.weight_sync.timeout_s)
         self.weights = WeightGroup.create(c.net.learner_host, c.net.weights_port, 0,
                                           c.actors.count + 1, c.weight_sync.timeout_s,
-                                          weight_backend(c))
+                                          c.weight_backend)
         self._publish_weights()  # the actors start from the learner's exact weights
         t_start = time.time()
         if self.step == 0:

@@ -18,7 +18,7 @@ import yaml
 
 from protocol.algorithm_config import (AEROConfig, AR3POConfig, DAPOConfig, GCPOConfig,
                                        HORAConfig, MuGRPOConfig)
-from protocol.config_loader import ConfigError, build, dump, load, to_dict  # noqa: F401
+from protocol.config_loader import ConfigError, build, dump, load, read_yaml, to_dict  # noqa: F401
 from protocol.presets import merge_under, preset
 
 Aggregation = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
@@ -306,6 +306,13 @@ class Config:
                 return self.max_staleness
 
     @property
+    def weight_backend(self) -> str:
+        """Weight-broadcast backend in force: 'auto' = NCCL with the model on CUDA, else gloo."""
+        if self.weight_sync.backend != "auto":
+            return self.weight_sync.backend
+        return "nccl" if self.model.device.startswith("cuda") else "gloo"
+
+    @property
     def run_dir(self) -> Path:
         return Path(self.run.out_dir) / self.run.name
 
@@ -313,7 +320,7 @@ class Config:
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """The YAML at `path` with `overrides` on top and the preset of its `algorithm` underneath
     (defaults < preset < YAML < overrides)."""
-    data = _read_yaml(Path(path))
+    data = read_yaml(Path(path))
     name = data.get("algorithm", "grpo")
     for text in overrides:  # the last `algorithm=` override wins, as in `build`
         key, eq, raw = text.partition("=")
@@ -326,22 +333,6 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
                  list(overrides))
 
 
-def _read_yaml(path: Path) -> dict:
-    """The YAML mapping at `path` ({} for an empty file); errors name the file (and line)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from e
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
-        raise ConfigError(f"YAML syntax error in {at}: {getattr(e, 'problem', None) or e}") from e
-    if data is not None and not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys, got "
-                          f"{type(data).__name__}")
-    return data or {}
 
 
 def with_overrides(config: Config, overrides: list[str]) -> Config:

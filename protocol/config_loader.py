@@ -60,6 +60,11 @@ def build(cls: type, data: dict | None = None, overrides=(), where: str = "") ->
 
 def load(cls: type, path: str | Path, overrides=()) -> Any:
     """Read the YAML file at `path` (an empty file means all defaults) and `build` from it."""
+    return build(cls, read_yaml(path), overrides)
+
+
+def read_yaml(path: str | Path) -> dict:
+    """The YAML mapping at `path` ({} for an empty file); errors name the file (and line)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -73,7 +78,7 @@ def load(cls: type, path: str | Path, overrides=()) -> Any:
         raise ConfigError(f"YAML syntax error in {at}: {getattr(e, 'problem', None) or e}") from e
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys, got {_show(data)}")
-    return build(cls, data, overrides)
+    return data or {}
 
 
 def to_dict(obj: Any) -> Any:
