@@ -7,6 +7,7 @@
     rlvr plot runs/NAME                               (re)draw a run's PNG plots
     rlvr slurm submit CONFIG [a.b=value ...] --nodes N [--actors-per-node A] [--hetjob] [--dry-run]
     rlvr slurm status JOBID                           job state and progress from the run folder
+    rlvr keys DIR [--force]                           CurveZMQ keys for a non-loopback learner
 """
 
 from __future__ import annotations
@@ -47,6 +48,23 @@ def _plot(args) -> int:
     return 0
 
 
+def _keys(args) -> int:
+    from protocol.keys import KeysError, make_keys
+
+    try:
+        paths = make_keys(args.dir, force=args.force)
+    except KeysError as e:
+        print(f"rlvr keys: {e}", file=sys.stderr)
+        return 1
+    for p in paths:
+        print(p)
+    d = args.dir
+    print(f"learner host: keep {d}/learner.key_secret and {d}/actor.key (the allowed actors).\n"
+          f"actor hosts: copy {d}/actor.key_secret and {d}/learner.key into a folder there.\n"
+          f"Pass that folder as the key folder (curve_dir) on both sides; secret files stay 0600.")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rlvr", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,6 +90,11 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="draw a run's plots")
     p.add_argument("run")
     p.set_defaults(func=_plot)
+
+    k = sub.add_parser("keys", help="make CurveZMQ keys (needed to bind beyond loopback)")
+    k.add_argument("dir", help="folder to write the learner and actor keypairs into")
+    k.add_argument("--force", action="store_true", help="replace keys already in DIR")
+    k.set_defaults(func=_keys)
     return ap
 
 

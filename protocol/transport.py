@@ -16,24 +16,37 @@ Sockets linger 0 (close never blocks on unsent data) and have a hard libzmq cap 
 `max_bytes`, so a hostile peer cannot make us buffer an unbounded frame; frames between
 `max_bytes` and the cap are refused by the codec and counted as "oversized".
 Use each endpoint from one thread (ZeroMQ sockets are not thread-safe).
-CurveZMQ: authentication and encryption slot into `_socket` (curve_server / curve_secretkey on
-the ROUTER, curve_serverkey on each DEALER); nothing else changes.
+
+Exposure: by default both ends stay on loopback. Binding (or connecting) anywhere else needs
+CurveZMQ keys (`rlvr keys DIR`, `protocol.keys`), passed as `curve_dir`; without them the
+constructor raises `ValueError` before any socket exists. With keys, the ROUTER is a CURVE server
+(traffic encrypted) and a ZAP authenticator thread on the endpoint's own context admits only the
+actor public keys in the folder; a peer without CURVE, or with an unknown key, fails the
+handshake, so none of its frames ever reach `recv` (refused keys are counted in
+`learner.refused_keys`). `ZAP_ENFORCE_DOMAIN` makes a missing authenticator refuse, not admit.
+
+    learner = LearnerEndpoint("0.0.0.0", 5555, curve_dir="keys/")
+    actor = ActorEndpoint("learner-host", 5555, b"actor-0", curve_dir="keys/")
 """
 
 from __future__ import annotations
 
 import collections
+import ipaddress
 import logging
 import time
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
 from protocol.codec import MAX_BYTES, ProtocolError, decode, encode
+from protocol.keys import ActorKeys, LearnerKeys, load_keys
 from protocol.messages import Message
 
 log = logging.getLogger(__name__)
 
 _LOG_FIRST_N = 10  # per reason; after that every 1000th, so a garbage flood cannot flood the log
+_ZAP_DOMAIN = "rlvr"
 
 
 class TransportError(RuntimeError):
@@ -47,7 +60,8 @@ class _Endpoint:
         self.max_bytes = max_bytes
         self.vocab_size = vocab_size
         self.rejected: collections.Counter[str] = collections.Counter()
-        self._ctx = zmq.Context(io_threads=1)
+        self._auth: ThreadAuthenticator | None = None
+        self._ctx = zmq.Context(io_threads=1)  # its own context: one ZAP handler per context
         self._sock = self._ctx.socket(kind)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, 2 * max_bytes)
@@ -90,10 +104,14 @@ class _Endpoint:
             log.warning("rejected frame from %r: %s (%s; #%d)", peer, err.reason, err.detail, n)
 
     def close(self) -> None:
-        """Close the socket (linger 0: unsent messages are dropped) and its context."""
+        """Close the socket (linger 0: unsent messages are dropped), the authenticator (if any)
+        and the context."""
         if not self._sock.closed:
             self._poller.unregister(self._sock)
             self._sock.close(linger=0)
+            if self._auth is not None:
+                self._auth.stop()
+                self._auth = None
             self._ctx.term()
 
     def __enter__(self):
@@ -114,23 +132,40 @@ class LearnerEndpoint(_Endpoint):
         max_bytes: int = MAX_BYTES,
         vocab_size: int | None = None,
         send_timeout_s: float = 10.0,
+        curve_dir: str | None = None,
     ):
+        _refuse_exposure("bind to", bind_host, curve_dir)
+        keys = None if curve_dir is None else load_keys(curve_dir, "learner")
         super().__init__(zmq.ROUTER, max_bytes, vocab_size, send_timeout_s)
+        self.refused_keys: collections.Counter[bytes] = collections.Counter()
         # Unknown peer -> EHOSTUNREACH instead of a silent drop; a restarted actor that reconnects
         # with the same identity takes its routing slot over instead of being refused.
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         try:
+            if keys is not None:
+                self._serve_curve(keys)  # before bind: no plaintext handshake can slip in
             if port == 0:
                 self._sock.bind(f"tcp://{bind_host}:*")
             else:
                 self._sock.bind(f"tcp://{bind_host}:{port}")
-        except zmq.ZMQError:
+        except BaseException:
             self.close()
             raise
         endpoint = self._sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.port = int(endpoint.rsplit(":", 1)[1])
         self.address = endpoint
+
+    def _serve_curve(self, keys: LearnerKeys) -> None:
+        """CURVE server with our secret key; a ZAP thread admits only the listed client keys."""
+        self._auth = ThreadAuthenticator(self._ctx, log=log)
+        self._auth.start()
+        self._auth.configure_curve_callback(_ZAP_DOMAIN, _AllowList(keys.client_public_keys,
+                                                                    self.refused_keys))
+        self._sock.setsockopt_string(zmq.ZAP_DOMAIN, _ZAP_DOMAIN)
+        self._sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+        self._sock.setsockopt(zmq.CURVE_SERVER, 1)
+        self._sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret_key)
 
     def send(self, peer: bytes, msg: Message) -> None:
         """Send one message to the actor whose identity is `peer`."""
@@ -160,11 +195,18 @@ class ActorEndpoint(_Endpoint):
         max_bytes: int = MAX_BYTES,
         vocab_size: int | None = None,
         send_timeout_s: float = 10.0,
+        curve_dir: str | None = None,
     ):
         if not identity or len(identity) > 255 or identity[0] == 0:
             raise ValueError("identity must be 1-255 bytes and not start with a zero byte")
+        _refuse_exposure("connect to", connect_host, curve_dir)
+        keys = None if curve_dir is None else load_keys(curve_dir, "actor")
         super().__init__(zmq.DEALER, max_bytes, vocab_size, send_timeout_s)
         self._sock.setsockopt(zmq.IDENTITY, identity)
+        if isinstance(keys, ActorKeys):
+            self._sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public_key)
+            self._sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public_key)
+            self._sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret_key)
         self.identity = identity
         self.address = f"tcp://{connect_host}:{port}"
         self._sock.connect(self.address)
@@ -188,3 +230,39 @@ class ActorEndpoint(_Endpoint):
 def _split_router(frames: list[bytes]) -> tuple[bytes, bytes | None]:
     # ROUTER prepends the sender's identity; a well-behaved DEALER sends exactly one frame.
     return frames[0], frames[1] if len(frames) == 2 else None
+
+
+class _AllowList:
+    """ZAP credentials provider: admit exactly these Z85 client keys; count the others."""
+
+    def __init__(self, keys: frozenset[bytes], refused: collections.Counter[bytes]):
+        self.keys = keys
+        self.refused = refused
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key in self.keys:
+            return True
+        n = self.refused[key] = self.refused[key] + 1
+        if n <= _LOG_FIRST_N or n % 1000 == 0:
+            log.warning("refused CURVE client key %s (not in the key folder; #%d)", key, n)
+        return False
+
+
+def is_loopback(host: str) -> bool:
+    """127.x.x.x, ::1 and `localhost`; anything else (0.0.0.0, *, names, interfaces) is exposed."""
+    host = host.strip().strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _refuse_exposure(verb: str, host: str, curve_dir: str | None) -> None:
+    if curve_dir is None and not is_loopback(host):
+        raise ValueError(
+            f"refusing to {verb} {host!r} without CurveZMQ keys: only loopback (127.x.x.x, ::1, "
+            f"localhost) may run unauthenticated. Run `rlvr keys DIR` and pass the key folder "
+            f"(curve_dir=DIR) to both the learner and the actors."
+        )
