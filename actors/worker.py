@@ -41,6 +41,7 @@ def run_actor(cfg: Config, actor_id: int) -> int:
     engine = make_engine(cfg.actors.engine, cfg.model.path, **engine_kwargs(cfg))
     verifier = Verifier(cfg.actors.verifier_timeout_s)
     endpoint = ActorEndpoint(cfg.net.learner_host, cfg.net.zmq_port, f"actor-{actor_id}".encode(),
+                             curve_dir=cfg.net.curve_dir or None,
                              vocab_size=len(tokenizer))
     version = -1
 

@@ -106,6 +106,9 @@ def train(config_path: str | None, overrides: list[str], resume_dir: str | None,
     else:
         cfg = load_config(config_path, overrides)
         run_dir = cfg.run_dir if dry_run else run_dir_for(cfg, resume=False)
+    if cfg.learner.ranks != 1:
+        raise ConfigError("learner.ranks: data-parallel learner ranks are not implemented yet; "
+                          "use 1 (scale generation with actors.count)")
     if dry_run:
         from protocol.config_loader import to_dict
         import yaml

@@ -25,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s learner %(levelname)s %(message)s")
     cfg = load_config(args.run_dir / "config.yaml", args.overrides)
+    if cfg.learner.ranks != 1:
+        print("learner: learner.ranks > 1 (data-parallel learner ranks) is not implemented yet; "
+              "use one learner rank and scale generation with actors", file=sys.stderr)
+        return 2
     torch.set_num_threads(cfg.learner.threads)
     torch.manual_seed(cfg.run.seed)
     # SIGUSR1 = "checkpoint and stop" (SLURM sends it before the time limit); a notice that

@@ -76,6 +76,7 @@ class Learner:
         self.eval_problems = held_out(cfg)
         self.verifier = Verifier(cfg.actors.verifier_timeout_s)
         self.endpoint = LearnerEndpoint(cfg.net.bind_host, cfg.net.zmq_port,
+                                        curve_dir=cfg.net.curve_dir or None,
                                         vocab_size=len(self.tokenizer))
         G = cfg.rollout.prompts_per_step
         self.coord = Coordinator(self.endpoint,

@@ -227,6 +227,9 @@ class NetConfig:
     """Weight-sync rendezvous (TCPStore) port; 0 = pick a free one at launch."""
     master_port: int = 0
     """DeepSpeed rendezvous port for learner ranks; 0 = pick a free one at launch."""
+    curve_dir: str = ""
+    """Folder of CurveZMQ keys (`rlvr keys DIR`); required to bind beyond loopback, and then
+    every actor needs it too. `rlvr slurm submit` makes one in the run folder."""
 
 
 @dataclass(frozen=True)
@@ -286,9 +289,6 @@ class Config:
             raise ConfigError("task.train_path is required when task.kind is 'file'")
         if self.actors.count < 1:
             raise ConfigError("actors.count must be >= 1")
-        if self.learner.ranks != 1:
-            raise ConfigError("learner.ranks: data-parallel learner ranks are not implemented "
-                              "yet; use 1 (scale generation with actors.count)")
         if self.rollout.policy == "hora" and self.rollout.group_size < self.hora.k_min:
             raise ConfigError("rollout.group_size must be >= hora.k_min (the per-prompt budget "
                               "must give every prompt k_min responses)")

@@ -36,13 +36,21 @@ def _load(config_path: str | Path, overrides: Sequence[str]):
 def write_run_config(config, run_dir: Path) -> Path:
     """Write the resolved config to RUN_DIR/config.yaml: the only config the processes read.
     The embedded tiny model is warm-started here (on the submit host, cached) when no
-    model.path is given; ports stay as configured (the role launcher derives them per job)."""
+    model.path is given; ports stay as configured (the role launcher derives them per job).
+    The learner binds beyond loopback on a cluster, so the run gets CurveZMQ keys (in the run
+    folder, which every node sees) unless the config names a key folder already."""
     import dataclasses
 
     from learner.launch import resolve
     from protocol.config import write_resolved
+    from protocol.keys import make_keys
 
     net = config.net
+    if not net.curve_dir:
+        keys = (Path(run_dir) / "keys").resolve()
+        if not keys.exists():
+            make_keys(keys)
+        net = dataclasses.replace(net, curve_dir=str(keys))
     resolved = resolve(config, log=lambda line: print(line, flush=True))
     resolved = dataclasses.replace(resolved, net=net)  # ports are the job's, not this host's
     return write_resolved(resolved, run_dir)

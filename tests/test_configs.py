@@ -32,6 +32,8 @@ def test_the_tiny_default_is_ar3po_in_async_mode():
     assert (cfg.algorithm, cfg.mode) == ("ar3po", "async")
 
 
-def test_more_than_one_learner_rank_is_refused_with_a_clear_message(tmp_path):
+def test_more_than_one_learner_rank_is_refused_at_launch_with_a_clear_message():
+    from learner.launch import train
+
     with pytest.raises(ConfigError, match="learner.ranks"):
-        load_config(CONFIGS[0], ["learner.ranks=2"])
+        train(str(CONFIGS[0]), ["learner.ranks=2"], None, dry_run=True)
