@@ -36,11 +36,15 @@ def warm_start_key(cfg: Config) -> str:
         "model": [cfg.model.hidden, cfg.model.layers, cfg.model.heads, cfg.model.ffn],
         "warm": [cfg.warm_start.steps, cfg.warm_start.batch_size, cfg.warm_start.lr,
                  cfg.warm_start.label_noise],
-        "task": [list(cfg.task.levels), list(cfg.task.level_weights), list(cfg.task.ops),
+        "task": [list(cfg.task.levels), list(warm_level_weights(cfg)), list(cfg.task.ops),
                  cfg.task.prompt_template],
         "seed": cfg.run.seed, "format": 1,
     }
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def warm_level_weights(cfg: Config) -> tuple[float, ...]:
+    return cfg.warm_start.level_weights or cfg.task.level_weights
 
 
 def corrupt_answer(answer: str, noise: float, rng: random.Random) -> str:
@@ -82,7 +86,7 @@ def train_warm_start(cfg: Config, out: Path, log=print) -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / ws.steps)))
     rng = random.Random(cfg.run.seed)
-    stream = task.train_stream(cfg.run.seed + 10_007, level_weights=cfg.task.level_weights)
+    stream = task.train_stream(cfg.run.seed + 10_007, level_weights=warm_level_weights(cfg))
     t0 = time.time()
     model.train()
     for step in range(ws.steps):

@@ -80,6 +80,10 @@ class WarmStartConfig:
     closes, visibly, within a demo's minutes."""
     cache_dir: str = ".cache/rlvr"
     """Where warm-started models are cached, keyed by a hash of everything that shapes them."""
+    level_weights: tuple[float, ...] | None = None
+    """Sampling weight of each of task.levels during the warm start; null = task.level_weights.
+    A level weighted 0 here but not in task.level_weights is one the warm start never teaches:
+    it stays hard during RL (all-wrong groups) and in evaluation."""
 
 
 @dataclass(frozen=True)
@@ -285,6 +289,10 @@ class Config:
             raise ConfigError("rollout.group_size must be >= 2 (a group needs a baseline)")
         if self.task.kind == "arithmetic" and len(self.task.levels) != len(self.task.level_weights):
             raise ConfigError("task.level_weights must have one weight per entry of task.levels")
+        ws = self.warm_start.level_weights
+        if ws is not None and len(ws) != len(self.task.levels):
+            raise ConfigError("warm_start.level_weights must have one weight per entry of "
+                              "task.levels")
         if self.task.kind == "file" and not self.task.train_path:
             raise ConfigError("task.train_path is required when task.kind is 'file'")
         if self.actors.count < 1:
