@@ -143,6 +143,17 @@ class SlurmCluster:
         subprocess.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{delay_s}"],
                        check=True)
 
+    def preempt_and_requeue(self, job_id: str, requeue_timeout_s: float) -> None:
+        """Send the batch shell USR1 (what --signal=B:USR1@N does before the time limit), wait
+        until the job is back in the queue after its first run, and let it start again soon."""
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
+
+        def requeued():
+            lines = self.job_lines(job_id)
+            return lines and lines[0].get("Restarts") == "1" and lines[0]["JobState"] == "PENDING"
+        self.wait_for("the job to be requeued", requeued, requeue_timeout_s, job_id)
+        self.hurry(job_id)
+
     def context(self, job_id: str | None) -> str:
         """What to read when a job misbehaves: scontrol's view, its output, slurmctld's log."""
         parts = []

@@ -111,14 +111,7 @@ def test_a_preempted_learner_is_requeued_and_resumes(slurm_cluster, run):
     probe = run_dir / "probe"
     slurm_cluster.wait_for("the learner probe to be ready",
                            lambda: (probe / "learner-0-r0-ready").exists(), 60, job)
-    # what --signal=B:USR1@N does before the time limit, sent now
-    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
-
-    def requeued():
-        lines = slurm_cluster.job_lines(job)
-        return lines and lines[0].get("Restarts") == "1" and lines[0]["JobState"] == "PENDING"
-    slurm_cluster.wait_for("the job to be requeued", requeued, 30, job)
-    slurm_cluster.hurry(job)
+    slurm_cluster.preempt_and_requeue(job, requeue_timeout_s=30)
     assert slurm_cluster.wait_job(job, timeout_s=60) == ("COMPLETED", "0:0"), \
         slurm_cluster.context(job)
 
@@ -175,14 +168,8 @@ def test_a_real_async_run_is_preempted_requeued_and_resumes_without_gaps(slurm_c
     metrics = run_dir / "metrics.jsonl"
     slurm_cluster.wait_for("three learner steps", lambda: metrics.exists() and len(
         metrics.read_text().splitlines()) >= 4, 240, job)
-    # what --signal=B:USR1@N does before the time limit, sent now: checkpoint, exit 3, requeue
-    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
-
-    def requeued():
-        lines = slurm_cluster.job_lines(job)
-        return lines and lines[0].get("Restarts") == "1" and lines[0]["JobState"] == "PENDING"
-    slurm_cluster.wait_for("the job to be requeued", requeued, 120, job)
-    slurm_cluster.hurry(job)
+    # the learner checkpoints after the step in progress, exits 3, and the job requeues
+    slurm_cluster.preempt_and_requeue(job, requeue_timeout_s=120)
     assert slurm_cluster.wait_job(job, timeout_s=300) == ("COMPLETED", "0:0"), \
         slurm_cluster.context(job)
 
