@@ -16,8 +16,8 @@ Every refusal is a `ProtocolError` with a short machine-usable `reason` (one of 
 human `detail`; nothing else ever escapes `decode`. Never pickle: pickle on a socket is remote
 code execution.
 
-    python -c "from protocol.codec import *; from protocol.messages import Shutdown
-    print(decode(encode(Shutdown(protocol_version=1, policy_version=0))))"
+    python -c "from protocol.codec import *; from protocol.messages import *
+    print(decode(encode(Shutdown(protocol_version=PROTOCOL_VERSION, policy_version=0))))"
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Literal, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: SyncWeights names the weight group's epoch, rank and size
 
 
 class _Message(msgspec.Struct, tag_field="kind", forbid_unknown_fields=True, frozen=True):
@@ -115,7 +115,13 @@ class Heartbeat(_Message, tag="heartbeat"):
 
 
 class SyncWeights(_Message, tag="sync_weights"):
-    """Learner -> actor: join the weight broadcast for `policy_version` now."""
+    """Learner -> actor: join the weight broadcast for `policy_version` now, as `rank` of the
+    weight group of `group_epoch` (`world_size` ranks, the learner is rank 0). A new epoch means
+    the membership changed (an actor died or joined): the actor leaves its old group first."""
+
+    group_epoch: int
+    rank: int
+    world_size: int
 
 
 class Shutdown(_Message, tag="shutdown"):

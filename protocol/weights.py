@@ -24,6 +24,14 @@ Every failure (peers that never arrive, a peer that dies, a peer that stops taki
 `WeightSyncError` within about `timeout_s`: gloo's own timeout bounds each collective. After an
 error the group is unusable: close it and create a new one. Close before exit (an undestroyed
 gloo group can abort the process at interpreter shutdown).
+
+Membership changes (an actor died, a restarted one joined) form a new group with a new `epoch`
+over the same store: rank 0 hosts the store once for the run (`host_store`) and passes it to
+every `create`; each epoch's group lives under its own key prefix, so the ranks of a new epoch
+never meet the leftovers of a failed one.
+
+    store = host_store("0.0.0.0", port, timeout_s=60.0)                   # learner, once
+    group = WeightGroup.create(host, port, 0, 3, 60.0, epoch=4, store=store)
 """
 
 from __future__ import annotations
@@ -66,20 +74,23 @@ class WeightGroup:
         world_size: int,
         timeout_s: float,
         backend: str = "gloo",
+        epoch: int = 0,
+        store: TCPStore | None = None,
     ) -> WeightGroup:
-        """Join the group; rank 0 hosts the store on host:port. Raises `WeightSyncError` if the
-        other ranks have not all arrived within about `timeout_s` seconds."""
+        """Join the group of `epoch`; rank 0 hosts the store on host:port (pass the run's
+        `host_store` as `store` to keep one across epochs). Raises `WeightSyncError` if the other
+        ranks have not all arrived within about `timeout_s` seconds."""
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world of {world_size}")
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
         timeout = datetime.timedelta(seconds=timeout_s)
-        what = f"weight group {host}:{port} rank {rank}/{world_size}"
+        what = f"weight group {host}:{port} epoch {epoch} rank {rank}/{world_size}"
         try:
-            if rank != 0:  # TCPStore's own connect retries can run to ~2x its timeout
-                _wait_for_listener(host, port, timeout_s, what)
-            store = TCPStore(host, port, world_size, rank == 0, timeout, wait_for_workers=True)
-            prefixed = PrefixStore("weights", store)
+            if store is None:
+                store = host_store(host, port, timeout_s) if rank == 0 else \
+                    connect_store(host, port, timeout_s)
+            prefixed = PrefixStore(f"weights/{epoch}", store)
             pg = _make_process_group(backend, prefixed, rank, world_size, timeout)
         except WeightSyncError:
             raise
@@ -184,6 +195,43 @@ class WeightGroup:
                 f"{what} failed on rank {self.rank} (timeout {self.timeout_s} s; a peer timed "
                 f"out, died or stopped taking part): {e}"
             ) from e
+
+
+def host_store(host: str, port: int, timeout_s: float) -> TCPStore:
+    """Rank 0's rendezvous store for the whole run: any number of ranks, of any epoch, may
+    connect to it later (a restarted actor included)."""
+    try:
+        return TCPStore(host, port, None, True, datetime.timedelta(seconds=timeout_s),
+                        wait_for_workers=False)
+    except Exception as e:  # noqa: BLE001 - c10d raises RuntimeError subclasses
+        raise WeightSyncError(f"weight store on {host}:{port}: cannot listen: {e}") from e
+
+
+def connect_store(host: str, port: int, timeout_s: float) -> TCPStore:
+    """A client of rank 0's store (an actor keeps one for the run)."""
+    what = f"weight store {host}:{port}"
+    _wait_for_listener(host, port, timeout_s, what)  # TCPStore's own retries run to ~2x timeout
+    try:
+        return TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout_s))
+    except Exception as e:  # noqa: BLE001 - c10d raises RuntimeError subclasses
+        raise WeightSyncError(f"{what}: cannot connect: {e}") from e
+
+
+# Forming the group of a new epoch is two-phase: the learner first tells every member its rank
+# (over ZeroMQ), then says in the store whether all of them were reached. Members wait for that
+# word before joining, so a member that died before being told makes the learner call the epoch
+# off at once, instead of leaving the others blocked in a rendezvous until `timeout_s`.
+
+def announce_epoch(store: TCPStore, epoch: int, goes_ahead: bool) -> None:
+    store.set(f"epoch/{epoch}", b"go" if goes_ahead else b"off")
+
+
+def epoch_goes_ahead(store: TCPStore, epoch: int) -> bool:
+    """Wait (up to the store's timeout) for the learner's word on `epoch`."""
+    try:
+        return store.get(f"epoch/{epoch}") == b"go"
+    except Exception as e:  # noqa: BLE001 - a store timeout is a RuntimeError subclass
+        raise WeightSyncError(f"no word from the learner on weight group epoch {epoch}: {e}") from e
 
 
 def _make_process_group(backend, store, rank, world_size, timeout):

@@ -56,7 +56,7 @@ EVERY_KIND = [
     group(sample(), sample(token_ids=(), logprobs=(), reward=0.0, acc=False, stage=1)),
     Hello(protocol_version=V, policy_version=0, actor_id=1, host="node-3", pid=4242),
     Heartbeat(protocol_version=V, policy_version=5, actor_id=1, busy=True),
-    SyncWeights(protocol_version=V, policy_version=6),
+    SyncWeights(protocol_version=V, policy_version=6, group_epoch=2, rank=1, world_size=3),
     Shutdown(protocol_version=V, policy_version=7, reason="done"),
 ]
 

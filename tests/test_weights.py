@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from protocol.weights import WeightGroup, WeightSyncError
+from protocol.weights import (WeightGroup, WeightSyncError, announce_epoch, connect_store,
+                              epoch_goes_ahead, host_store)
 
 HOST = "127.0.0.1"
 SMALL_BUCKET_BYTES = 256  # forces several buckets per dtype
@@ -188,3 +189,45 @@ def test_a_closed_group_refuses_to_sync():
     group = WeightGroup(0, 1, 1.0, None, None, torch.device("cpu"))
     with pytest.raises(WeightSyncError, match="closed"):
         group.send(make_model(seed=0).named_parameters())
+
+
+def test_after_an_actor_dies_the_next_epoch_over_the_same_store_serves_the_survivor(pool):
+    pool.ensure_alive()
+    port = free_port()
+    store = host_store(HOST, port, 20.0)  # the learner's, for the whole run
+    try:
+        for i in (0, 1):
+            pool.tell(i, "join", port, i + 1, 3, 20.0, "gloo", 1)
+        group = WeightGroup.create(HOST, port, 0, 3, 20.0, epoch=1, store=store)
+        assert [pool.reply(0), pool.reply(1)] == ["joined", "joined"]
+        pool.tell(1, "die")
+        pool.procs[1].join(timeout=20.0)
+        pool.tell(0, "receive", 16)
+        with pytest.raises(WeightSyncError):
+            group.send(make_model(seed=0).named_parameters(), bucket_bytes=SMALL_BUCKET_BYTES)
+        group.close()
+        assert pool.reply(0).startswith("WeightSyncError")
+        pool.tell(0, "close")
+        assert pool.reply(0) == "closed"
+        # epoch 2: the survivor alone, same port, same store
+        pool.tell(0, "join", port, 1, 2, 20.0, "gloo", 2)
+        with WeightGroup.create(HOST, port, 0, 2, 20.0, epoch=2, store=store) as group:
+            assert pool.reply(0) == "joined"
+            pool.tell(0, "receive", 16)
+            group.send(make_model(seed=0).named_parameters(), bucket_bytes=SMALL_BUCKET_BYTES)
+            assert pool.reply(0) == "equal"
+        pool.tell(0, "close")
+        assert pool.reply(0) == "closed"
+    except BaseException:
+        pool.kill()
+        raise
+
+
+def test_an_epoch_called_off_by_the_learner_is_refused_by_the_members():
+    port = free_port()
+    store = host_store(HOST, port, 5.0)
+    member = connect_store(HOST, port, 5.0)
+    announce_epoch(store, 3, goes_ahead=False)
+    announce_epoch(store, 4, goes_ahead=True)
+    assert not epoch_goes_ahead(member, 3)
+    assert epoch_goes_ahead(member, 4)
