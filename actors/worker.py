@@ -4,6 +4,10 @@ Messages from the learner are drained into a local queue between work items, and
 are served before any queued work: a sync only makes the weights newer, so the staleness bound
 the learner enforces at admission still holds, and the learner never waits in a broadcast for
 more than the one work item the actor is in the middle of.
+
+A failed broadcast (another actor died in it) leaves this actor's weights half-written: it then
+generates nothing until the learner has formed a new weight group and sent the weights again,
+and it beats at once so the learner knows it is alive.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from actors.verifier import Verifier
 from protocol.config import Config
 from protocol.messages import PROTOCOL_VERSION, Heartbeat, Hello, Shutdown, SyncWeights, Work
 from protocol.transport import ActorEndpoint
-from protocol.weights import WeightGroup
+from protocol.weights import WeightGroup, WeightSyncError, connect_store, epoch_goes_ahead
 
 log = logging.getLogger(__name__)
 
@@ -36,48 +40,98 @@ def engine_kwargs(cfg: Config) -> dict:
                 enforce_eager=a.enforce_eager, seed=cfg.run.seed)
 
 
+class WeightMembership:
+    """This actor's place in the learner's weight group, across the group's epochs."""
+
+    def __init__(self, cfg: Config, engine):
+        self.cfg, self.engine = cfg, engine
+        self.store = connect_store(cfg.net.learner_host, cfg.net.weights_port,
+                                   cfg.weight_sync.timeout_s)
+        self.group: WeightGroup | None = None
+        self.epoch: int | None = None
+        self.version: int | None = None  # policy version of the weights; None = unusable
+
+    def sync(self, msg: SyncWeights) -> bool:
+        """Join `msg`'s epoch if it is new, then receive the broadcast. False if it failed."""
+        c = self.cfg
+        try:
+            if msg.group_epoch != self.epoch:
+                self.leave()
+                if not epoch_goes_ahead(self.store, msg.group_epoch):
+                    return False  # called off by the learner: a newer epoch follows
+                self.group = WeightGroup.create(c.net.learner_host, c.net.weights_port, msg.rank,
+                                                msg.world_size, c.weight_sync.timeout_s,
+                                                c.weight_backend, epoch=msg.group_epoch,
+                                                store=self.store)
+                self.epoch = msg.group_epoch
+            self.version = None  # from here on a failure leaves half-written weights
+            self.group.receive(self.engine.weight_targets(), c.weight_sync.bucket_mb << 20)
+            self.engine.commit_weights()
+            self.version = msg.policy_version
+            return True
+        except WeightSyncError as e:
+            log.warning("weight sync of version %d (epoch %d) failed: %s", msg.policy_version,
+                        msg.group_epoch, e)
+            self.leave()
+            return False
+
+    def leave(self) -> None:
+        if self.group is not None:
+            self.group.close()
+        self.group, self.epoch = None, None
+
+
+def newest_epoch_syncs(syncs: list[SyncWeights]) -> list[SyncWeights]:
+    """The syncs to join, in order: an older epoch's are void once a newer one is announced."""
+    if not syncs:
+        return []
+    newest = max(m.group_epoch for m in syncs)
+    return [m for m in syncs if m.group_epoch == newest]
+
+
 def run_actor(cfg: Config, actor_id: int) -> int:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     engine = make_engine(cfg.actors.engine, cfg.model.path, **engine_kwargs(cfg))
     verifier = Verifier(cfg.actors.verifier_timeout_s)
-    endpoint = ActorEndpoint(cfg.net.learner_host, cfg.net.zmq_port, f"actor-{actor_id}".encode(),
-                             curve_dir=cfg.net.curve_dir or None,
-                             vocab_size=len(tokenizer))
-    version = -1
+    # the pid makes a restarted actor a new ZeroMQ peer (the learner then drops the old one)
+    endpoint = ActorEndpoint(cfg.net.learner_host, cfg.net.zmq_port,
+                             f"actor-{actor_id}-{os.getpid()}".encode(),
+                             curve_dir=cfg.net.curve_dir or None, vocab_size=len(tokenizer))
 
     def send(msg_type, **kw):
+        version = -1 if weights.version is None else weights.version
         endpoint.send(msg_type(protocol_version=PROTOCOL_VERSION, policy_version=version, **kw))
 
+    weights = WeightMembership(cfg, engine)
     send(Hello, actor_id=actor_id, host=socket.gethostname(), pid=os.getpid())
-    weights = WeightGroup.create(cfg.net.learner_host, cfg.net.weights_port, actor_id + 1,
-                                 cfg.actors.count + 1, cfg.weight_sync.timeout_s,
-                                 cfg.weight_backend)
     queue: deque = deque()
     last_beat = time.monotonic()
     try:
         while True:
-            msg = endpoint.recv(0.0 if queue else cfg.actors.heartbeat_s)
+            can_work = bool(queue) and weights.version is not None
+            msg = endpoint.recv(0.0 if can_work else cfg.actors.heartbeat_s)
             while msg is not None:
                 queue.append(msg)
                 msg = endpoint.recv(0.0)
             syncs = [m for m in queue if isinstance(m, SyncWeights)]
-            for m in syncs:  # every broadcast must be joined, in order
-                weights.receive(engine.weight_targets(), cfg.weight_sync.bucket_mb << 20)
-                engine.commit_weights()
-                version = m.policy_version
             queue = deque(m for m in queue if not isinstance(m, SyncWeights))
+            for m in newest_epoch_syncs(syncs):  # every broadcast must be joined, in order
+                if not weights.sync(m):
+                    last_beat = 0.0  # beat now: the learner is sorting out who is alive
+                    break
             if any(isinstance(m, Shutdown) for m in queue):
-                log.info("shutdown at policy version %d", version)
+                log.info("shutdown at policy version %s", weights.version)
                 return 0
-            if queue:
+            if queue and weights.version is not None:
                 work = queue.popleft()
                 if isinstance(work, Work):
-                    for group in sample_work(engine, tokenizer, verifier, work, actor_id, version):
+                    for group in sample_work(engine, tokenizer, verifier, work, actor_id,
+                                             weights.version):
                         endpoint.send(group)
             if time.monotonic() - last_beat >= cfg.actors.heartbeat_s:
                 send(Heartbeat, actor_id=actor_id, busy=bool(queue))
                 last_beat = time.monotonic()
     finally:
-        weights.close()
+        weights.leave()
         verifier.close()
         endpoint.close()

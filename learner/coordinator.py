@@ -5,20 +5,28 @@ staleness by admission (ALGORITHMS.md 8.2): a group is handed out only while
 `submitted + 1 <= (version + max_staleness + 1) * groups_per_step`, counting a group whose
 samples were dropped as stale as never submitted. Groups are ingested at most once per group id,
 so a prompt handed out twice (after an actor died) is never counted twice.
+
+Actors come and go. An actor is lost when it stays silent longer than the heartbeat timeout,
+when a message to it cannot be delivered (ZeroMQ knows its connection closed), or when it says
+hello again from a new process (a restart). Its in-flight prompts are then handed out again,
+first in line, with their group ids (no extra admission slot: they were counted once). Work
+goes only to the members of the current weight group (they hold the weights); when the live
+actors differ from the members, the learner forms a new group (`sync_weights(new_epoch=True)`)
+before any more work goes out.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from learner.staleness import may_admit
 from protocol.messages import (PROTOCOL_VERSION, Group, Heartbeat, Hello, Prompt, RolloutSpec,
                                Shutdown, SyncWeights, Work)
-from protocol.transport import LearnerEndpoint
+from protocol.transport import LearnerEndpoint, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +35,11 @@ log = logging.getLogger(__name__)
 class ActorState:
     actor_id: int
     peer: bytes
+    host: str
+    pid: int
     last_seen: float
     inflight: dict[str, Prompt] = field(default_factory=dict)  # group_id -> prompt handed out
+    rank: int = 0  # rank in the current weight group; 0 = not a member yet (no weights)
 
 
 class Coordinator:
@@ -49,6 +60,10 @@ class Coordinator:
         self.submitted = submitted
         self.stats = Counter()
         self._work_seq = 0
+        self.reissue: deque[Prompt] = deque()  # prompts of lost actors, handed out first
+        self.epoch = 0  # the weight group's epoch; members are the actors with rank > 0
+        self.members: frozenset[bytes] = frozenset()
+        self._ids_seen: set[int] = set()
 
     # -- messages ---------------------------------------------------------------------------
     def poll(self, timeout_s: float) -> bool:
@@ -60,16 +75,32 @@ class Coordinator:
         now = time.monotonic()
         match msg:
             case Hello():
-                self.actors[peer] = ActorState(msg.actor_id, peer, now)
-                log.info("actor %d joined from %s pid %d", msg.actor_id, msg.host, msg.pid)
+                self._hello(peer, msg, now)
             case Heartbeat():
                 if peer in self.actors:
                     self.actors[peer].last_seen = now
+                else:  # taken for dead while it was only slow (e.g. stuck in a failed sync)
+                    self.actors[peer] = ActorState(msg.actor_id, peer, "?", 0, now)
+                    log.warning("actor %d is alive after all: it rejoins", msg.actor_id)
             case Group():
                 self._ingest(peer, msg, now)
             case _:
                 self.stats["protocol/unexpected_kind"] += 1
         return True
+
+    def drain(self) -> None:
+        """Handle every message already waiting (heartbeats queue up while the learner trains)."""
+        while self.poll(0.0):
+            pass
+
+    def _hello(self, peer: bytes, msg: Hello, now: float) -> None:
+        for old in [a for a in self.actors.values() if a.actor_id == msg.actor_id and a.peer != peer]:
+            self.lose(old, f"restarted as pid {msg.pid}")
+        if msg.actor_id in self._ids_seen:
+            self.stats["faults/actor_restarts"] += 1
+        self._ids_seen.add(msg.actor_id)
+        self.actors[peer] = ActorState(msg.actor_id, peer, msg.host, msg.pid, now)
+        log.info("actor %d joined from %s pid %d", msg.actor_id, msg.host, msg.pid)
 
     def _ingest(self, peer: bytes, group: Group, now: float) -> None:
         actor = self.actors.get(peer)
@@ -90,29 +121,64 @@ class Coordinator:
                                    f"within {timeout_s:.0f} s")
             self.poll(0.1)
 
+    # -- faults -----------------------------------------------------------------------------
+    def lose(self, actor: ActorState, why: str) -> None:
+        """Take `actor` for dead: forget it and hand its in-flight prompts out again."""
+        if self.actors.pop(actor.peer, None) is None:
+            return
+        pending = [p for p in actor.inflight.values() if p.group_id not in self.seen_groups]
+        self.reissue.extend(pending)
+        self.stats["faults/actors_lost"] += 1
+        self.stats["faults/prompts_reissued"] += len(pending)
+        log.warning("actor %d (pid %d) lost: %s; %d in-flight prompts handed out again",
+                    actor.actor_id, actor.pid, why, len(pending))
+
+    def reap(self, timeout_s: float) -> list[ActorState]:
+        """Lose every actor silent for longer than `timeout_s`; returns them."""
+        now = time.monotonic()
+        silent = [a for a in self.actors.values() if now - a.last_seen > timeout_s]
+        for a in silent:
+            self.lose(a, f"silent for {now - a.last_seen:.1f} s")
+        return silent
+
+    @property
+    def membership_changed(self) -> bool:
+        """The live actors are not the weight group's members: form a new group."""
+        return self.members != frozenset(self.actors)
+
     # -- hand-out ---------------------------------------------------------------------------
     def admit(self, version: int, max_staleness: int | None = None) -> int:
-        """Hand out as much work as the staleness bound allows; returns groups handed out.
-        `max_staleness` overrides the bound for this call (a Mu-GRPO stage of L steps admits
-        its L steps' groups at once: version = the stage's, bound = L - 1)."""
+        """Hand out as much work as the staleness bound allows, to the weight group's members;
+        returns the prompts handed out. `max_staleness` overrides the bound for this call (a
+        Mu-GRPO stage of L steps admits its L steps' groups at once: version = the stage's,
+        bound = L - 1). Prompts of lost actors go first: their slots are already counted."""
         bound = self.max_staleness if max_staleness is None else max_staleness
         handed = 0
-        while self.actors:
-            allowed = 0
-            while (allowed < self.prompts_per_work and may_admit(
-                    self.submitted + allowed, version, bound, self.groups_per_step)):
-                allowed += 1
-            if allowed == 0:
-                break
-            actor = min(self.actors.values(), key=lambda a: (len(a.inflight), a.actor_id))
-            prompts = [next(self.prompts) for _ in range(allowed)]
+        members = [a for a in self.actors.values() if a.rank > 0]
+        while members:
+            fresh = 0
+            if self.reissue:
+                prompts = [self.reissue.popleft()
+                           for _ in range(min(len(self.reissue), self.prompts_per_work))]
+            else:
+                while (fresh < self.prompts_per_work and may_admit(
+                        self.submitted + fresh, version, bound, self.groups_per_step)):
+                    fresh += 1
+                if fresh == 0:
+                    break
+                prompts = [next(self.prompts) for _ in range(fresh)]
+            actor = min(members, key=lambda a: (len(a.inflight), a.actor_id))
             self._work_seq += 1
             work = Work(protocol_version=PROTOCOL_VERSION, policy_version=version,
                         work_id=f"w{self._work_seq}", prompts=prompts, rollout=self.rollout)
-            self.endpoint.send(actor.peer, work)
+            self.submitted += fresh
+            handed += len(prompts)
             actor.inflight.update((p.group_id, p) for p in prompts)
-            self.submitted += allowed
-            handed += allowed
+            try:
+                self.endpoint.send(actor.peer, work)
+            except TransportError as e:  # gone: these prompts join the reissue queue
+                members.remove(actor)
+                self.lose(actor, f"work not delivered: {e}")
         return handed
 
     def release(self, groups: int) -> None:
@@ -125,10 +191,39 @@ class Coordinator:
         return taken
 
     # -- control ----------------------------------------------------------------------------
-    def sync_weights(self, version: int) -> None:
-        for actor in self.actors.values():
-            self.endpoint.send(actor.peer, SyncWeights(protocol_version=PROTOCOL_VERSION,
-                                                       policy_version=version))
+    def sync_weights(self, version: int, new_epoch: bool) -> bool:
+        """Tell the weight group's members to join the broadcast of `version` now. With
+        `new_epoch`, the group is first formed anew from the live actors (ranks 1.. by actor
+        id). Returns False when a member could not be reached (it is then lost): the broadcast
+        must not go ahead, and a new epoch must be formed."""
+        if new_epoch:
+            self.epoch += 1
+            for a in self.actors.values():
+                a.rank = 0
+            for rank, a in enumerate(sorted(self.actors.values(), key=lambda a: a.actor_id), 1):
+                a.rank = rank
+            self.members = frozenset(self.actors)
+        world_size = len(self.members) + 1
+        reached = True
+        for peer in sorted(self.members):
+            actor = self.actors.get(peer)
+            if actor is None:  # lost since the group was formed
+                reached = False
+                continue
+            try:
+                self.endpoint.send(peer, SyncWeights(
+                    protocol_version=PROTOCOL_VERSION, policy_version=version,
+                    group_epoch=self.epoch, rank=actor.rank, world_size=world_size))
+            except TransportError as e:
+                self.lose(actor, f"weight sync not delivered: {e}")
+                reached = False
+        return reached
+
+    def roster(self) -> dict[str, dict]:
+        """The live actors, for processes.json."""
+        return {str(a.actor_id): {"pid": a.pid, "host": a.host, "zmq_identity": a.peer.decode(
+            errors="replace"), "weight_rank": a.rank, "weight_epoch": self.epoch if a.rank else None}
+            for a in sorted(self.actors.values(), key=lambda a: a.actor_id)}
 
     def shutdown(self, version: int, reason: str) -> None:
         for actor in self.actors.values():

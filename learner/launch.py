@@ -55,29 +55,45 @@ def spawn(args: list[str], log_path: Path | None) -> subprocess.Popen:
 
 
 def launch(cfg: Config, run_dir: Path, resume: bool = False) -> int:
-    """Start learner + actors on this machine; returns the learner's exit code."""
+    """Start learner + actors on this machine; returns the learner's exit code. A crashed
+    actor is started again (the learner hands its prompts to the others meanwhile), up to
+    `actors.max_restarts` times in all; after that the run stops."""
     write_resolved(cfg, run_dir)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     learner = spawn(["learner.main", "--run-dir", str(run_dir)] + (["--resume"] if resume else []),
                     None)
-    actors = [spawn(["actors.main", "--run-dir", str(run_dir), "--actor-id", str(i)],
-                    run_dir / "logs" / f"actor-{i}.log") for i in range(cfg.actors.count)]
+
+    def start_actor(i: int) -> subprocess.Popen:
+        return spawn(["actors.main", "--run-dir", str(run_dir), "--actor-id", str(i)],
+                     run_dir / "logs" / f"actor-{i}.log")
+
+    actors = [start_actor(i) for i in range(cfg.actors.count)]
+    restarts = 0
     try:
         while learner.poll() is None:
-            dead = [(i, a.returncode) for i, a in enumerate(actors) if a.poll() not in (None, 0)]
-            if dead:
-                i, code = dead[0]
-                print(f"actor {i} exited with code {code} (see {run_dir}/logs/actor-{i}.log); "
-                      "stopping the run", file=sys.stderr)
-                learner.send_signal(signal.SIGTERM)
-                learner.wait(30)
-                break
+            for i, actor in enumerate(actors):
+                code = actor.poll()
+                if code in (None, 0):  # 0: told to shut down, the learner is finishing
+                    continue
+                log_hint = f"see {run_dir}/logs/actor-{i}.log"
+                if restarts >= cfg.actors.max_restarts:
+                    print(f"actor {i} exited with code {code} ({log_hint}); "
+                          f"{restarts} restarts used of actors.max_restarts={cfg.actors.max_restarts}: "
+                          "stopping the run", file=sys.stderr)
+                    learner.send_signal(signal.SIGTERM)
+                    learner.wait(30)
+                    break
+                restarts += 1
+                print(f"actor {i} exited with code {code} ({log_hint}); restarting it "
+                      f"({restarts}/{cfg.actors.max_restarts})", file=sys.stderr, flush=True)
+                actors[i] = start_actor(i)
             time.sleep(0.5)
     except KeyboardInterrupt:
         learner.send_signal(signal.SIGINT)
         learner.wait(30)
     finally:
-        stop_all(actors)
+        # after a clean finish the actors have been told to shut down; otherwise nobody will
+        stop_all(actors, grace_s=20.0 if learner.poll() == 0 else 2.0)
     return learner.wait()
 
 

@@ -42,7 +42,7 @@ from learner.update import policy_update
 from protocol.config import Config, to_dict
 from protocol.messages import Group
 from protocol.transport import LearnerEndpoint
-from protocol.weights import WeightGroup
+from protocol.weights import WeightGroup, WeightSyncError, announce_epoch, host_store
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,12 @@ class Learner:
                                  rollout_spec(cfg), G, cfg.rollout.prompts_per_work,
                                  cfg.staleness_bound, submitted=self.version * G)
         self.stage_end = self.stage_version = self.stage_start = self.step  # mode=staged
+        # the weight group's rendezvous store, hosted for the whole run (actors connect to it
+        # before they say hello; each membership change forms a new group over it)
+        self.weight_store = host_store(cfg.net.learner_host, cfg.net.weights_port,
+                                       cfg.weight_sync.timeout_s)
+        self.weights: WeightGroup | None = None
+        self._no_actors_since: float | None = None
         self.goldens: dict[str, list[int] | None] = {}
         self._write_processes()
         self.run_log = RunLog(run_dir, to_dict(cfg), wandb_mode=cfg.run.wandb,
@@ -91,15 +97,78 @@ class Learner:
                               resume_from_step=self.step if resume else None)
 
     def _write_processes(self) -> None:
-        write_json_atomic(self.run_dir / "processes.json", {"learner": {
-            "pid": os.getpid(), "host": socket.gethostname(),
-            "zmq": self.endpoint.address, "weights_port": self.cfg.net.weights_port}})
+        """processes.json: every role's pid, host and endpoints; rewritten when actors change."""
+        c = self.cfg
+        write_json_atomic(self.run_dir / "processes.json", {
+            "learner": {"pid": os.getpid(), "host": socket.gethostname(),
+                        "zmq": self.endpoint.address,
+                        "weights": f"{c.net.learner_host}:{c.net.weights_port}"},
+            "actors": self.coord.roster()})
 
     def _publish_weights(self) -> float:
+        """Send the current weights to the actors, first forming a new weight group when the
+        live actors changed. A failed broadcast (an actor died in it) closes the group; the
+        learner then waits until every member has beaten since or is taken for dead, and forms
+        the group again with the live ones. Returns the seconds it took."""
+        c, coord = self.cfg, self.coord
         t0 = time.time()
-        self.coord.sync_weights(self.version)
-        publish_weights(self.engine, self.weights, self.cfg.weight_sync.bucket_mb << 20)
-        return time.time() - t0
+        while True:
+            self._keep_actors(reform=False)
+            try:
+                self._sync_once()
+                return time.time() - t0
+            except WeightSyncError as e:
+                coord.stats["faults/weight_sync_failures"] += 1
+                log.warning("weight sync of version %d failed: %s", self.version, e)
+                self._close_weight_group()
+                failed_at = time.monotonic()
+                deadline = failed_at + c.actors.heartbeat_timeout_s
+                while any(a.last_seen < failed_at for a in coord.actors.values()) \
+                        and time.monotonic() < deadline:
+                    coord.poll(0.05)
+                    coord.reap(c.actors.heartbeat_timeout_s)
+
+    def _sync_once(self) -> None:
+        c, coord = self.cfg, self.coord
+        new_epoch = self.weights is None or coord.membership_changed
+        if new_epoch:
+            self._close_weight_group()
+        reached = coord.sync_weights(self.version, new_epoch)
+        if new_epoch:
+            announce_epoch(self.weight_store, coord.epoch, reached)
+            self._write_processes()
+        if not reached:
+            raise WeightSyncError("a weight group member could not be reached")
+        if new_epoch:
+            self.weights = WeightGroup.create(c.net.learner_host, c.net.weights_port, 0,
+                                              len(coord.members) + 1, c.weight_sync.timeout_s,
+                                              c.weight_backend, epoch=coord.epoch,
+                                              store=self.weight_store)
+        publish_weights(self.engine, self.weights, c.weight_sync.bucket_mb << 20)
+
+    def _close_weight_group(self) -> None:
+        if self.weights is not None:
+            self.weights.close()
+            self.weights = None
+
+    def _keep_actors(self, reform: bool = True) -> None:
+        """Notice lost and new actors; with `reform`, give the weights to a changed group now.
+        Stops the run when no actor has been alive for `weight_sync.timeout_s`."""
+        c, coord = self.cfg, self.coord
+        coord.drain()
+        lost = coord.reap(c.actors.heartbeat_timeout_s)
+        if lost:
+            self._write_processes()
+        now = time.monotonic()
+        if coord.actors:
+            self._no_actors_since = None
+        elif self._no_actors_since is None:
+            self._no_actors_since = now
+        elif now - self._no_actors_since > c.weight_sync.timeout_s:
+            raise RuntimeError(f"no live actor for {c.weight_sync.timeout_s:.0f} s "
+                               "(weight_sync.timeout_s): stopping the run")
+        if reform and coord.actors and coord.membership_changed:
+            self._publish_weights()
 
     def _evaluate(self) -> dict:
         c = self.cfg
@@ -142,6 +211,7 @@ class Learner:
                 break  # give up on a full batch and train on what there is (ALGORITHMS.md 2)
             if len(kept) < need:
                 coord.poll(0.05)
+                self._keep_actors()
         info = {"perf/learner_idle_s": time.time() - t0,
                 "stale/dropped_frac": len(dropped) / max(len(kept) + len(dropped), 1)}
         if dropped:
@@ -185,9 +255,6 @@ class Learner:
     def run(self) -> None:
         c = self.cfg
         self.coord.wait_for_actors(c.actors.count, c.weight_sync.timeout_s)
-        self.weights = WeightGroup.create(c.net.learner_host, c.net.weights_port, 0,
-                                          c.actors.count + 1, c.weight_sync.timeout_s,
-                                          c.weight_backend)
         self._publish_weights()  # the actors start from the learner's exact weights
         t_start = time.time()
         if self.step == 0:
@@ -198,6 +265,7 @@ class Learner:
             batch = build_step(groups, self.algo, c, self.version, self.step,
                                self._goldens(groups))
             metrics.update(group_metrics(generated))
+            metrics["groups/trained_ids"] = [g.group_id for g in groups]  # audit: none twice
             metrics["gen/responses_per_trained_prompt"] = (
                 metrics["gen/responses_per_step"] / max(len(groups), 1))
             metrics.update(batch.metrics)
@@ -224,10 +292,24 @@ class Learner:
             metrics["perf/learner_idle_frac"] = metrics["perf/learner_idle_s"] / step_time
             metrics["time_s"] = time.time() - t_start
             metrics["protocol/rejected"] = sum(self.endpoint.rejected.values())
+            metrics.update({f"protocol/rejected/{reason}": n  # cumulative, by codec reason
+                            for reason, n in self.endpoint.rejected.items()})
+            metrics.update(self._fault_metrics())
             self.run_log.log(self.step, metrics, policy_version=self.version)
             if self.preempt_requested:  # SIGUSR1 (SLURM's notice before the time limit)
                 self._checkpoint()
                 raise Preempted(self.step)
+
+    def _fault_metrics(self) -> dict:
+        """Cumulative counts of what went wrong and was survived, and the live actors."""
+        stats = self.coord.stats
+        return {"faults/actors_lost": stats["faults/actors_lost"],
+                "faults/actor_restarts": stats["faults/actor_restarts"],
+                "faults/prompts_reissued": stats["faults/prompts_reissued"],
+                "faults/weight_sync_failures": stats["faults/weight_sync_failures"],
+                "faults/weight_group_epoch": self.coord.epoch,
+                "groups/duplicates_ignored": stats["groups/duplicates_ignored"],
+                "actors/live": len(self.coord.actors)}
 
     def request_preemption(self) -> None:
         """Checkpoint after the step in progress and stop (called from a signal handler)."""
@@ -244,8 +326,8 @@ class Learner:
 
     def close(self, reason: str = "done") -> None:
         self.coord.shutdown(self.version, reason)
-        if getattr(self, "weights", None) is not None:
-            self.weights.close()
+        self._close_weight_group()
+        self.weight_store = None
         self.run_log.summary()
         self.run_log.close()
         self.verifier.close()

@@ -195,6 +195,13 @@ class ActorsConfig:
     """Largest generation batch (sequences) per engine call."""
     heartbeat_s: float = 2.0
     """Actor heartbeat period."""
+    heartbeat_timeout_s: float = 30.0
+    """An actor silent this long (no heartbeat, no group) is taken for dead: its in-flight
+    prompts are handed out again and the weight group is formed anew without it. Must exceed
+    the time of one work item (the actor does not beat while generating)."""
+    max_restarts: int = 3
+    """`rlvr train` restarts a crashed actor process this many times in all, then stops the run
+    (on SLURM the run goes on with the other actors)."""
     verifier_timeout_s: float = 5.0
     """Time bound for one math-verify check."""
     gpu_memory_utilization: float = 0.5
@@ -297,6 +304,10 @@ class Config:
             raise ConfigError("task.train_path is required when task.kind is 'file'")
         if self.actors.count < 1:
             raise ConfigError("actors.count must be >= 1")
+        if self.actors.heartbeat_timeout_s <= self.actors.heartbeat_s:
+            raise ConfigError("actors.heartbeat_timeout_s must exceed actors.heartbeat_s")
+        if self.actors.max_restarts < 0:
+            raise ConfigError("actors.max_restarts must be >= 0")
         if self.rollout.policy == "hora" and self.rollout.group_size < self.hora.k_min:
             raise ConfigError("rollout.group_size must be >= hora.k_min (the per-prompt budget "
                               "must give every prompt k_min responses)")

@@ -1,0 +1,154 @@
+"""The coordinator's bookkeeping over real sockets: membership, lost actors and re-issued work."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+
+from learner.coordinator import Coordinator
+from protocol.messages import (PROTOCOL_VERSION, Group, Heartbeat, Hello, Prompt, RolloutSpec,
+                               Sample, SyncWeights, Work)
+from protocol.transport import ActorEndpoint, LearnerEndpoint
+
+V = PROTOCOL_VERSION
+SPEC = RolloutSpec(strategy="fixed", max_new_tokens=4)
+
+
+def prompt_stream():
+    for i in itertools.count():
+        yield Prompt(group_id=f"g{i}", prompt_id=f"p{i}", prompt_token_ids=[1, 2], answer="3", n=2)
+
+
+@pytest.fixture
+def learner():
+    with LearnerEndpoint(port=0) as endpoint:
+        yield endpoint
+
+
+def make_coordinator(learner, per_step=4, per_work=2, max_staleness=0) -> Coordinator:
+    return Coordinator(learner, prompt_stream(), SPEC, per_step, per_work, max_staleness)
+
+
+def join(coord: Coordinator, actor_id: int, pid: int) -> ActorEndpoint:
+    actor = ActorEndpoint("127.0.0.1", coord.endpoint.port, f"actor-{actor_id}-{pid}".encode())
+    actor.send(Hello(protocol_version=V, policy_version=-1, actor_id=actor_id, host="h", pid=pid))
+    assert coord.poll(5.0)
+    return actor
+
+
+def recv_all(actor: ActorEndpoint, kind) -> list:
+    out = []
+    while (msg := actor.recv(0.5)) is not None:
+        if isinstance(msg, kind):
+            out.append(msg)
+    return out
+
+
+def group_for(prompt: Prompt, actor_id: int) -> Group:
+    sample = Sample(token_ids=[5], logprobs=[-0.1], policy_version=0, reward=1.0, acc=True,
+                    truncated=False)
+    return Group(protocol_version=V, policy_version=0, group_id=prompt.group_id,
+                 prompt_id=prompt.prompt_id, actor_id=actor_id, work_id="w",
+                 prompt_token_ids=prompt.prompt_token_ids, samples=[sample, sample])
+
+
+def test_work_goes_only_to_members_of_the_weight_group(learner):
+    coord = make_coordinator(learner)
+    a0 = join(coord, 0, 100)
+    assert coord.admit(version=0) == 0  # joined, but holds no weights yet
+    assert coord.membership_changed
+    assert coord.sync_weights(0, new_epoch=True)
+    [sync] = recv_all(a0, SyncWeights)
+    assert (sync.group_epoch, sync.rank, sync.world_size) == (1, 1, 2)
+    assert coord.admit(version=0) == 4
+    assert not coord.membership_changed
+    a0.close()
+
+
+def test_a_lost_actors_prompts_go_out_again_first_without_a_new_admission_slot(learner):
+    coord = make_coordinator(learner)
+    a0, a1 = join(coord, 0, 100), join(coord, 1, 101)
+    assert coord.sync_weights(0, new_epoch=True)
+    coord.admit(version=0)
+    assert coord.submitted == 4
+    handed = {m.work_id: m for m in recv_all(a0, Work)}
+    lost_ids = {p.group_id for w in handed.values() for p in w.prompts}
+    a0.close()
+    coord.lose(coord.actors[b"actor-0-100"], "test")
+    assert sorted(p.group_id for p in coord.reissue) == sorted(lost_ids)
+    assert coord.membership_changed  # the group must be formed again
+    assert coord.sync_weights(0, new_epoch=True)
+    coord.admit(version=0)  # the bound is full: only the re-issued prompts go out
+    assert coord.submitted == 4
+    reissued = {p.group_id for w in recv_all(a1, Work) for p in w.prompts}
+    assert lost_ids <= reissued
+    assert coord.stats["faults/actors_lost"] == 1
+    assert coord.stats["faults/prompts_reissued"] == len(lost_ids)
+    a1.close()
+
+
+def test_a_group_that_arrives_twice_is_ingested_once(learner):
+    coord = make_coordinator(learner)
+    a0 = join(coord, 0, 100)
+    first = next(prompt_stream())
+    for _ in range(2):
+        a0.send(group_for(first, 0))
+        assert coord.poll(5.0)
+    assert len(coord.take(10)) == 1
+    assert coord.stats["groups/duplicates_ignored"] == 1
+    a0.close()
+
+
+def test_a_restarted_actor_replaces_its_old_process_and_counts_as_a_restart(learner):
+    coord = make_coordinator(learner)
+    old = join(coord, 0, 100)
+    assert coord.sync_weights(0, new_epoch=True)
+    coord.admit(version=0)
+    new = join(coord, 0, 200)
+    assert list(coord.actors) == [b"actor-0-200"]
+    assert coord.stats["faults/actor_restarts"] == 1
+    assert len(coord.reissue) == 4
+    old.close()
+    new.close()
+
+
+def test_a_silent_actor_is_reaped_and_one_that_beats_is_kept(learner):
+    coord = make_coordinator(learner)
+    quiet, beating = join(coord, 0, 100), join(coord, 1, 101)
+    time.sleep(0.6)
+    beating.send(Heartbeat(protocol_version=V, policy_version=0, actor_id=1, busy=False))
+    assert coord.poll(5.0)
+    lost = coord.reap(timeout_s=0.5)
+    assert [a.actor_id for a in lost] == [0]
+    assert [a.actor_id for a in coord.actors.values()] == [1]
+    quiet.close()
+    beating.close()
+
+
+def test_a_heartbeat_from_an_actor_taken_for_dead_brings_it_back(learner):
+    coord = make_coordinator(learner)
+    slow = join(coord, 0, 100)
+    coord.lose(coord.actors[b"actor-0-100"], "test")
+    slow.send(Heartbeat(protocol_version=V, policy_version=0, actor_id=0, busy=False))
+    assert coord.poll(5.0)
+    assert [a.actor_id for a in coord.actors.values()] == [0]
+    assert coord.membership_changed
+    slow.close()
+
+
+def test_a_sync_to_a_closed_actor_reports_it_unreached_and_loses_it(learner):
+    coord = make_coordinator(learner)
+    a0, a1 = join(coord, 0, 100), join(coord, 1, 101)
+    assert coord.sync_weights(0, new_epoch=True)
+    a1.close()
+    deadline = time.monotonic() + 5.0
+    reached = True
+    while reached and time.monotonic() < deadline:  # ZeroMQ notices the closed peer shortly
+        reached = coord.sync_weights(1, new_epoch=False)
+        time.sleep(0.05)
+    assert not reached
+    assert [a.actor_id for a in coord.actors.values()] == [0]
+    assert coord.membership_changed
+    a0.close()

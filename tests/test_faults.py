@@ -1,0 +1,125 @@
+"""Crashes on real processes: actors SIGKILLed mid-run, a learner SIGKILLed and resumed.
+
+Each test starts `rlvr train` as a user does, watches the run through `processes.json` and
+`metrics.jsonl`, and kills processes by the pids the run itself publishes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, quick_run_args, read_rows, run_rlvr
+
+# actors beat every 0.5 s and are taken for dead after 6 s of silence; a broadcast waits 20 s
+FAST_FAULTS = ("actors.heartbeat_s=0.5", "actors.heartbeat_timeout_s=6",
+               "weight_sync.timeout_s=20")
+
+
+def start_rlvr(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true"}
+    return subprocess.Popen([sys.executable, "-m", "learner.cli", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(what: str, check, proc: subprocess.Popen, timeout_s: float = 180.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (value := check()) is not None and value is not False:
+            return value
+        if proc.poll() is not None:
+            pytest.fail(f"run ended (code {proc.returncode}) before {what}:\n{proc.stdout.read()}")
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"timed out waiting for {what}:\n{proc.stdout.read()}")
+
+
+def processes(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "processes.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def last_step(run_dir: Path) -> int:
+    rows = read_rows(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    return rows[-1]["step"] if rows else -1
+
+
+def actor_pid(run_dir: Path, actor_id: int, other_than: int | None = None) -> int | None:
+    """The pid of the live, weight-holding actor `actor_id` (not `other_than`), if there is one."""
+    actor = processes(run_dir).get("actors", {}).get(str(actor_id))
+    if actor and actor["weight_rank"] > 0 and actor["pid"] not in (0, other_than):
+        return actor["pid"]
+    return None
+
+
+def assert_steps_continuous(rows: list[dict], steps: int) -> None:
+    assert [r["step"] for r in rows] == list(range(steps + 1))
+
+
+def assert_no_group_trained_twice(rows: list[dict]) -> None:
+    trained = [gid for r in rows for gid in r.get("groups/trained_ids", [])]
+    assert trained and len(trained) == len(set(trained))
+
+
+def test_an_actor_killed_twice_is_restarted_and_the_run_finishes_with_no_group_twice(
+        tiny_model, tmp_path):
+    run_dir = tmp_path / "actor-crash"
+    steps = 60
+    proc = start_rlvr(*quick_run_args(run_dir, tiny_model, f"run.steps={steps}", "actors.count=2",
+                                      "mode=async", "max_staleness=1", "run.eval_every=100",
+                                      "actors.max_restarts=3", *FAST_FAULTS))
+    killed = []
+    for actor_id in [0, 1]:  # the second once the first is back (a restart takes ~5 s)
+        wait_for("step 2", lambda: last_step(run_dir) >= 2, proc)
+        pid = wait_for(f"actor {actor_id} holding weights",
+                       lambda: actor_pid(run_dir, actor_id), proc)
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+        # the launcher restarts it and the learner gives the new process the weights
+        wait_for(f"actor {actor_id} restarted", lambda: actor_pid(run_dir, actor_id, pid), proc)
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out
+    assert out.count("restarting it") == 2, out
+    rows = read_rows(run_dir)
+    assert_steps_continuous(rows, steps)
+    assert_no_group_trained_twice(rows)
+    last = rows[-1]
+    assert last["faults/actors_lost"] == 2
+    assert last["faults/actor_restarts"] == 2
+    assert last["faults/weight_group_epoch"] >= 3  # start, and once per restart at least
+    assert last["actors/live"] == 2
+    assert all(r["stale/max"] <= 1 for r in rows[1:])  # the staleness bound held throughout
+    final = processes(run_dir)["actors"]
+    assert {int(final[a]["pid"]) for a in ("0", "1")}.isdisjoint(killed)
+
+
+def test_a_learner_killed_mid_run_resumes_with_continuous_steps(tiny_model, tmp_path):
+    run_dir = tmp_path / "learner-crash"
+    steps = 10
+    proc = start_rlvr(*quick_run_args(run_dir, tiny_model, f"run.steps={steps}",
+                                      "run.checkpoint_every=2", "run.eval_every=100",
+                                      *FAST_FAULTS))
+    wait_for("step 5", lambda: last_step(run_dir) >= 5, proc)
+    os.kill(processes(run_dir)["learner"]["pid"], signal.SIGKILL)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    killed_at = last_step(run_dir)
+    assert 5 <= killed_at < steps
+
+    resumed = run_rlvr("train", "--resume", str(run_dir), timeout_s=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    rows = read_rows(run_dir)
+    assert_steps_continuous(rows, steps)
+    assert_no_group_trained_twice(rows)
+    # the resumed learner started from the newest checkpoint at or before the kill
+    checkpoint_step = killed_at - killed_at % 2
+    assert rows[checkpoint_step + 1]["policy_version"] == checkpoint_step + 1
