@@ -137,12 +137,16 @@ def resources(spec: JobSpec) -> str:
 def step_options(spec: JobSpec) -> tuple[str, str]:
     """srun options of the learner step and of the actor step."""
     cpus = f"--cpus-per-task={spec.cpus_per_task}"
+    # an actor that dies must not take the step's other actors with it (a site's KillOnBadExit
+    # would): the learner hands its prompts to the others and the run goes on
+    survive = "--kill-on-bad-exit=0"
     if spec.hetjob:
-        return f"--het-group=0 {cpus}", f"--het-group=1 {cpus}"
+        return f"--het-group=0 {cpus}", f"--het-group=1 {cpus} {survive}"
     learner = (f"--nodes={spec.learner_nodes} --ntasks={spec.learner_ranks} "
                f"--ntasks-per-node={spec.learner_ranks_per_node} --relative=0 {cpus}")
     actors = (f"--nodes={spec.actor_nodes} --ntasks={spec.actors} "
-              f"--ntasks-per-node={spec.actors_per_node} --relative={spec.learner_nodes} {cpus}")
+              f"--ntasks-per-node={spec.actors_per_node} --relative={spec.learner_nodes} {cpus} "
+              f"{survive}")
     return learner, actors
 
 

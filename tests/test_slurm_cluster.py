@@ -160,21 +160,30 @@ def test_a_real_async_run_is_preempted_requeued_and_resumes_without_gaps(slurm_c
     from tests.conftest import TINY, quick_run_args, read_rows
 
     run_dir = tmp_path / "real"
+    steps = 30
     overrides = quick_run_args(run_dir, tiny_model, "algorithm=grpo", "mode=async",
-                               "max_staleness=1", "run.steps=10", "run.eval_every=100",
-                               "run.checkpoint_every=100")[2:]  # [2:]: past "train CONFIG"
+                               "max_staleness=1", f"run.steps={steps}", "run.eval_every=100",
+                               "run.checkpoint_every=100", "actors.heartbeat_s=0.5",
+                               "actors.heartbeat_timeout_s=6")[2:]  # [2:]: past "train CONFIG"
     job = submit_with_cli(str(TINY), *overrides, "--nodes", "3", "--actors-per-node", "1",
                           "--run-dir", str(run_dir), "--time", "10:00", "--signal-s", "60")
     metrics = run_dir / "metrics.jsonl"
     slurm_cluster.wait_for("three learner steps", lambda: metrics.exists() and len(
         metrics.read_text().splitlines()) >= 4, 240, job)
     # the learner checkpoints after the step in progress, exits 3, and the job requeues
+    first_pids = {a["pid"] for a in _actors(run_dir)}
     slurm_cluster.preempt_and_requeue(job, requeue_timeout_s=120)
+    # after the restart, one actor is SIGKILLed: the run goes on with the other to the end
+    victim = slurm_cluster.wait_for("the requeued actors to hold weights", lambda: next(
+        (a["pid"] for a in _actors(run_dir) if a["weight_rank"] and a["pid"] not in first_pids
+         and a["id"] == "1"), None), 120, job)
+    os.kill(victim, 9)
     assert slurm_cluster.wait_job(job, timeout_s=300) == ("COMPLETED", "0:0"), \
         slurm_cluster.context(job)
 
     rows = read_rows(run_dir)
-    assert [r["step"] for r in rows] == list(range(11))  # no gap, no repeat across the requeue
+    assert [r["step"] for r in rows] == list(range(steps + 1))  # no gap or repeat on requeue
+    assert rows[-1]["faults/actors_lost"] == 1 and rows[-1]["actors/live"] == 1
     log = (run_dir / f"slurm-{job}.out").read_text()
     assert "learner step exited 3" in log and "learner step exited 0" in log
     trained = [r for r in rows if r["step"] > 0]
@@ -185,6 +194,14 @@ def test_a_real_async_run_is_preempted_requeued_and_resumes_without_gaps(slurm_c
         for actor, n in r["actors/groups_by_actor"].items():
             by_actor[actor] = by_actor.get(actor, 0) + n
     assert set(by_actor) == {"0", "1"} and min(by_actor.values()) > 0
+
+
+def _actors(run_dir: Path) -> list[dict]:
+    try:
+        actors = json.loads((run_dir / "processes.json").read_text())["actors"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return []
+    return [{"id": i, **a} for i, a in actors.items()]
 
 
 def test_a_real_hetjob_run_completes(slurm_cluster, tmp_path, tiny_model):

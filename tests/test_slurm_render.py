@@ -56,8 +56,8 @@ def test_learner_ranks_run_on_the_first_nodes_and_actors_on_the_rest():
     learner, actors = srun_lines(homogeneous())
     assert learner[1:6] == ["--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--relative=0",
                             "--cpus-per-task=1"]
-    assert actors[1:6] == ["--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--relative=1",
-                           "--cpus-per-task=1"]
+    assert actors[1:7] == ["--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--relative=1",
+                           "--cpus-per-task=1", "--kill-on-bad-exit=0"]
     assert learner[learner.index("--group") + 1] == "learner"
     assert actors[actors.index("--group") + 1] == "actor"
     for cmd in (learner, actors):
