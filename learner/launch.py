@@ -48,10 +48,18 @@ def run_dir_for(cfg: Config, resume: bool) -> Path:
     return run_dir
 
 
-def spawn(args: list[str], log_path: Path | None) -> subprocess.Popen:
+def spawn(args: list[str], log_path: Path | None, env: dict | None = None) -> subprocess.Popen:
     out = open(log_path, "ab") if log_path else None
     return subprocess.Popen([sys.executable, "-m", *args], stdout=out,
-                            stderr=subprocess.STDOUT if out else None)
+                            stderr=subprocess.STDOUT if out else None,
+                            env={**os.environ, **(env or {})})
+
+
+def rank_env(cfg: Config, rank: int) -> dict[str, str]:
+    """torch.distributed's env:// rendezvous for learner rank `rank` on this machine."""
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(cfg.net.master_port),
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(cfg.learner.ranks),
+            "LOCAL_WORLD_SIZE": str(cfg.learner.ranks)}
 
 
 def launch(cfg: Config, run_dir: Path, resume: bool = False) -> int:
@@ -60,8 +68,11 @@ def launch(cfg: Config, run_dir: Path, resume: bool = False) -> int:
     `actors.max_restarts` times in all; after that the run stops."""
     write_resolved(cfg, run_dir)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    learner = spawn(["learner.main", "--run-dir", str(run_dir)] + (["--resume"] if resume else []),
-                    None)
+    learner_args = ["learner.main", "--run-dir", str(run_dir)] + (["--resume"] if resume else [])
+    learner = spawn(learner_args, None, rank_env(cfg, 0))
+    # data-parallel ranks 1..R-1 follow rank 0 and end when it tells them to (or are stopped)
+    followers = [spawn(learner_args, run_dir / "logs" / f"learner-{r}.log", rank_env(cfg, r))
+                 for r in range(1, cfg.learner.ranks)]
 
     def start_actor(i: int) -> subprocess.Popen:
         return spawn(["actors.main", "--run-dir", str(run_dir), "--actor-id", str(i)],
@@ -71,6 +82,12 @@ def launch(cfg: Config, run_dir: Path, resume: bool = False) -> int:
     restarts = 0
     try:
         while learner.poll() is None:
+            if any(f.poll() not in (None, 0) for f in followers):  # rank 0 would wait forever
+                print(f"a learner rank exited early (see {run_dir}/logs/learner-*.log); stopping "
+                      f"the run (resume it with `rlvr train --resume {run_dir}`)", file=sys.stderr)
+                learner.terminate()
+                learner.wait(30)
+                break
             for i, actor in enumerate(actors):
                 code = actor.poll()
                 if code in (None, 0):  # 0: told to shut down, the learner is finishing
@@ -93,7 +110,8 @@ def launch(cfg: Config, run_dir: Path, resume: bool = False) -> int:
         learner.wait(30)
     finally:
         # after a clean finish the actors have been told to shut down; otherwise nobody will
-        stop_all(actors, grace_s=20.0 if learner.poll() == 0 else 2.0)
+        grace_s = 20.0 if learner.poll() == 0 else 2.0
+        stop_all(followers + actors, grace_s=grace_s)
     return learner.wait()
 
 
@@ -122,9 +140,6 @@ def train(config_path: str | None, overrides: list[str], resume_dir: str | None,
     else:
         cfg = load_config(config_path, overrides)
         run_dir = cfg.run_dir if dry_run else run_dir_for(cfg, resume=False)
-    if cfg.learner.ranks != 1:
-        raise ConfigError("learner.ranks: data-parallel learner ranks are not implemented yet; "
-                          "use 1 (scale generation with actors.count)")
     if dry_run:
         from protocol.config_loader import to_dict
         import yaml

@@ -1,12 +1,16 @@
 """Learner process entry point (started by `rlvr train`; reads RUN_DIR/config.yaml).
 
     python -m learner.main --run-dir runs/demo [--resume] [a.b=value ...]
+
+With learner.ranks = R > 1, R of these run with RANK=0..R-1 (and WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT) set: rank 0 leads the run, the others follow its plans (learner/ranks.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -23,14 +27,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s learner %(levelname)s %(message)s")
+    rank = int(os.environ.get("RANK", "0"))
+    name = f"learner{rank}" if rank else "learner"
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
     cfg = load_config(args.run_dir / "config.yaml", args.overrides)
-    if cfg.learner.ranks != 1:
-        print("learner: learner.ranks > 1 (data-parallel learner ranks) is not implemented yet; "
-              "use one learner rank and scale generation with actors", file=sys.stderr)
-        return 2
     torch.set_num_threads(cfg.learner.threads)
     torch.manual_seed(cfg.run.seed)
+    if rank > 0:  # a data-parallel rank: it follows rank 0's plans (learner/ranks.py)
+        from learner.engine import init_learner_distributed
+        from learner.ranks import Follower
+
+        init_learner_distributed(cfg, rank, cfg.learner.ranks)
+        # the notice goes to every rank on SLURM; rank 0 alone decides, the others follow
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        Follower(cfg, args.run_dir).run()
+        return 0
     # SIGUSR1 = "checkpoint and stop" (SLURM sends it before the time limit); a notice that
     # arrives while the learner is still starting is kept and honoured after its first step
     notices: list[int] = []

@@ -37,8 +37,8 @@ from learner.evaluate import evaluate
 from learner.groups import group_metrics, is_stale
 from learner.losses import dapo_keep_group
 from learner.plots import plot_run
+from learner.ranks import PlanChannel, train_step
 from learner.run_log import RunLog, write_json_atomic
-from learner.update import policy_update
 from protocol.config import Config, to_dict
 from protocol.messages import Group
 from protocol.transport import LearnerEndpoint
@@ -61,10 +61,12 @@ class Learner:
         init_learner_distributed(cfg, rank=0, world_size=cfg.learner.ranks)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.engine = build_engine(cfg, cfg.model.path)
+        self.followers = PlanChannel()  # learner ranks 1..R-1 (none with one rank)
         self.step = self.version = data_index = 0
         self.algo = AlgorithmState(cfg)
         checkpoint = latest_checkpoint(run_dir) if resume else None
         if checkpoint is not None:
+            self.followers.tell("load", path=str(checkpoint))
             state = load_checkpoint(checkpoint, self.engine)
             self.step, self.version, data_index = state["step"], state["version"], state["data_index"]
             set_rng_state(state["rng"])
@@ -274,10 +276,9 @@ class Learner:
             if c.mode == "staged":
                 metrics["stage/update"] = self.step - self.stage_start
                 metrics["stage/policy_version"] = self.stage_version
-            metrics.update(policy_update(self.engine, batch.rows, c.loss,
-                                         self.tokenizer.pad_token_id, c.learner.micro_batch,
-                                         c.rollout.max_new_tokens, veto=c.mugrpo,
-                                         contrasts=batch.contrasts, gcpo=c.gcpo))
+            self.followers.tell("train", rows=batch.rows, contrasts=batch.contrasts)
+            metrics.update(train_step(self.engine, c, self.tokenizer.pad_token_id, batch.rows,
+                                      batch.contrasts))
             self.step += 1
             self.version += 1
             if self._publishes():
@@ -289,6 +290,7 @@ class Learner:
                 self._checkpoint()
             step_time = time.time() - t_step
             metrics["perf/step_time"] = step_time
+            metrics["learner/ranks"] = c.learner.ranks
             metrics["perf/learner_idle_frac"] = metrics["perf/learner_idle_s"] / step_time
             metrics["time_s"] = time.time() - t_start
             metrics["protocol/rejected"] = sum(self.endpoint.rejected.values())
@@ -321,10 +323,15 @@ class Learner:
         self._checkpointed_step = self.step
         state = {"step": self.step, "version": self.version, "data_index": self.prompts.index,
                  "rng": rng_state(), "algorithms": self.algo.state_dict()}
+        self.followers.tell("checkpoint", step=self.step)
         save_checkpoint(self.run_dir, self.step, self.engine, self.tokenizer, state,
                         keep_last=self.cfg.run.keep_checkpoints)
 
     def close(self, reason: str = "done") -> None:
+        try:
+            self.followers.tell("stop", reason=reason)
+        except Exception as e:  # noqa: BLE001 - ranks already gone; the launcher stops them
+            log.warning("could not tell the other learner ranks to stop: %s", e)
         self.coord.shutdown(self.version, reason)
         self._close_weight_group()
         self.weight_store = None

@@ -17,6 +17,12 @@ GCPO groups (6.2) add micro-batches of [golden, failures...] to the same accumul
 
 Rows with zero advantage add exactly nothing to the policy-gradient loss, so when neither KL nor
 entropy terms are on they are only counted in the denominators, never run forward.
+
+Data-parallel learner ranks (learner/ranks.py): every rank gets the whole batch and runs its
+share (every R-th row by length, every R-th contrast group); the denominators stay the
+step-global ones, each rank's loss is scaled by R because DeepSpeed averages gradients across
+ranks, and ranks with fewer micro-batches run zero-loss passes so that all take the same number
+of backward passes (ZeRO may communicate in each). The metric sums are added across ranks.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from learner.batch import Row, micro_batches, pack
 from learner.losses import (aggregate, behaviour_weights, entropy_from_logits, gcpo_loss,
@@ -150,11 +157,17 @@ def policy_update(engine, rows: list[Row], loss_cfg: LossConfig, pad_id: int,
     active = [r for r in rows if needs_all or r.adv != 0.0]
     t0 = time.time()
     engine.train()
-    pg_batches = micro_batches(active, micro_batch)
+    rank, world = _rank_and_world()
+    mine = sorted(active, key=lambda r: len(r.prompt) + len(r.response))[rank::world]
+    pg_batches = micro_batches(mine, micro_batch)
     if veto is not None and loss_cfg.aggregation == "token-mean":
-        num_tokens -= vetoed_tokens(engine, pg_batches, pad_id, loss_cfg, veto)
-    gc_batches = contrast_batches(list(contrasts), micro_batch) if gcpo and contrasts else []
+        num_tokens -= int(_sum_over_ranks([vetoed_tokens(engine, pg_batches, pad_id, loss_cfg,
+                                                         veto)])[0])
+    gc_batches = contrast_batches(list(contrasts)[rank::world], micro_batch) \
+        if gcpo and contrasts else []
     jobs = [("pg", b) for b in pg_batches] + [("gcpo", b) for b in gc_batches]
+    passes = _max_over_ranks(len(jobs))
+    jobs += [("idle", None)] * (passes - len(jobs))
     sums: Counter = Counter()
     grad_norm = None
     for k, (kind, batch) in enumerate(jobs):
@@ -169,15 +182,18 @@ def policy_update(engine, rows: list[Row], loss_cfg: LossConfig, pad_id: int,
                     sums["gc_margin"] += stats["margin"]
                     sums["gc_closed"] += stats["gate_closed_frac"]
                 sums["gc_loss"] += loss.item()
+            case "idle":
+                loss = _zero_loss(engine, pad_id)
         last = k == len(jobs) - 1
         engine.set_gradient_accumulation_boundary(last)
-        engine.backward(loss)
+        engine.backward(loss * world)  # DeepSpeed averages over ranks; the loss is their sum
         if last:
             grad_norm = grad_norm_of(engine.module)
         engine.step()
     # With no row carrying gradient (every group all-correct or all-wrong) there is nothing to
     # step: the weights stay as they are, and the caller still counts the step.
     compute_s = time.time() - t0
+    sums = Counter(dict(zip(_SUM_KEYS, _sum_over_ranks([sums[k] for k in _SUM_KEYS]))))
 
     def per_token(total: float) -> float | None:  # null, not 0, when no token was in the loss
         return total / sums["tokens"] if sums["tokens"] else None
@@ -202,16 +218,58 @@ def policy_update(engine, rows: list[Row], loss_cfg: LossConfig, pad_id: int,
             "veto/resp_frac": sums["neg_triggered"] / max(sums["neg_rows"], 1.0),
             "veto/triggers": int(sums["triggers"]),
         })
-    if gc_batches:
+    if gcpo and contrasts:
         after = [s["margin"] for b in gc_batches
                  for _, s in torch.no_grad()(_contrast_terms)(engine.module, b, pad_id, gcpo)]
+        after_sum, after_n = _sum_over_ranks([sum(after), len(after)])
         metrics.update({
             "gcpo/loss": sums["gc_loss"],
             "gcpo/margin": sums["gc_margin"] / len(contrasts),
-            "gcpo/margin_after": sum(after) / len(after),
+            "gcpo/margin_after": after_sum / after_n,
             "gcpo/gate_closed_frac": sums["gc_closed"] / len(contrasts),
         })
     return metrics
+
+
+_SUM_KEYS = ("loss", "clip_low", "clip_high", "w", "w_trunc", "entropy", "tokens", "train_tokens",
+             "vetoed", "neg_tokens", "neg_rows", "neg_triggered", "triggers", "gc_loss",
+             "gc_margin", "gc_closed")
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _collective_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _sum_over_ranks(values: list[float]) -> list[float]:
+    if _rank_and_world()[1] == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=_collective_device())
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def _max_over_ranks(value: int) -> int:
+    if _rank_and_world()[1] == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=_collective_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def _zero_loss(engine, pad_id: int) -> torch.Tensor:
+    """A loss of exactly 0 through every parameter: a rank with no rows left still takes part
+    in the backward pass (and its gradient reduction) with nothing to add."""
+    packed = pack([Row([pad_id], [pad_id], [0.0], 0.0, 0)], pad_id)
+    logp, _ = token_logp(engine, packed)
+    return logp.sum() * 0.0
 
 
 def _pg_loss(engine, rows_k, loss_cfg, veto, pad_id, num_seqs, num_tokens, max_new_tokens,

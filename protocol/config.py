@@ -304,6 +304,12 @@ class Config:
             raise ConfigError("task.train_path is required when task.kind is 'file'")
         if self.actors.count < 1:
             raise ConfigError("actors.count must be >= 1")
+        if self.learner.ranks < 1:
+            raise ConfigError("learner.ranks must be >= 1")
+        if self.learner.ranks > 1 and self.optim.zero_stage == 3:
+            raise ConfigError("learner.ranks > 1 with optim.zero_stage 3 is not supported: "
+                              "evaluation and weight publishing run on rank 0 alone, which "
+                              "needs every parameter whole there (use ZeRO stage 0-2)")
         if self.actors.heartbeat_timeout_s <= self.actors.heartbeat_s:
             raise ConfigError("actors.heartbeat_timeout_s must exceed actors.heartbeat_s")
         if self.actors.max_restarts < 0:

@@ -32,8 +32,10 @@ def test_the_tiny_default_is_ar3po_in_async_mode():
     assert (cfg.algorithm, cfg.mode) == ("ar3po", "async")
 
 
-def test_more_than_one_learner_rank_is_refused_at_launch_with_a_clear_message():
+def test_learner_ranks_with_zero_stage_3_are_refused_at_launch_with_a_clear_message():
     from learner.launch import train
 
-    with pytest.raises(ConfigError, match="learner.ranks"):
-        train(str(CONFIGS[0]), ["learner.ranks=2"], None, dry_run=True)
+    with pytest.raises(ConfigError, match="learner.ranks > 1 with optim.zero_stage 3"):
+        train(str(CONFIGS[0]), ["learner.ranks=2", "optim.zero_stage=3"], None, dry_run=True)
+    with pytest.raises(ConfigError, match="learner.ranks must be >= 1"):
+        train(str(CONFIGS[0]), ["learner.ranks=0"], None, dry_run=True)

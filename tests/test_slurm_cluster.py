@@ -204,15 +204,21 @@ def _actors(run_dir: Path) -> list[dict]:
     return [{"id": i, **a} for i, a in actors.items()]
 
 
-def test_a_real_hetjob_run_completes(slurm_cluster, tmp_path, tiny_model):
+def test_a_real_hetjob_run_with_learner_ranks_on_two_nodes_completes(slurm_cluster, tmp_path,
+                                                                     tiny_model):
     from tests.conftest import TINY, quick_run_args, read_rows
 
     run_dir = tmp_path / "het"
     overrides = quick_run_args(run_dir, tiny_model, "algorithm=grpo", "mode=sync",
                                "run.steps=2", "run.eval_every=100")[2:]
-    job = submit_with_cli(str(TINY), *overrides, "--nodes", "3", "--actors-per-node", "1",
-                          "--hetjob", "--run-dir", str(run_dir), "--time", "10:00",
-                          "--signal-s", "60")
+    # two learner nodes with one rank each: DeepSpeed's gloo group spans the nodes' addresses
+    job = submit_with_cli(str(TINY), *overrides, "--nodes", "3", "--learner-nodes", "2",
+                          "--actors-per-node", "1", "--hetjob", "--run-dir", str(run_dir),
+                          "--time", "10:00", "--signal-s", "60")
     assert slurm_cluster.wait_job(job, timeout_s=240) == ("COMPLETED", "0:0"), \
         slurm_cluster.context(job)
-    assert [r["step"] for r in read_rows(run_dir)] == [0, 1, 2]
+    rows = read_rows(run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(r["learner/ranks"] == 2 for r in rows[1:])
+    # sync mode stays exactly on-policy with the update split across the two ranks
+    assert all(r["is/w_mean"] is None or abs(r["is/w_mean"] - 1) < 1e-3 for r in rows[1:])

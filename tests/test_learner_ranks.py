@@ -1,0 +1,129 @@
+"""Data-parallel learner ranks take the same step as one rank: real DeepSpeed engines over gloo,
+in spawned processes, on the tiny model."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import random
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from learner.ranks import decode_plan, encode_plan
+from learner.update import ContrastGroup, LossRow
+from tests.conftest import TINY
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_rows(n_active: int, n_zero: int, seed: int = 0) -> list[LossRow]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n_active + n_zero):
+        prompt = [rng.randrange(5, 60) for _ in range(rng.randrange(3, 7))]
+        response = [rng.randrange(5, 60) for _ in range(rng.randrange(1, 6))]
+        adv = rng.choice([-1.0, -0.5, 0.5, 1.0]) if i < n_active else 0.0
+        rows.append(LossRow(prompt, response, [-rng.uniform(0.5, 3.0) for _ in response], adv,
+                            policy_version=0, group_id=f"g{i}"))
+    return rows
+
+
+ROW_SETS = [5, 1]  # active rows per step; 5: uneven shares, 1: rank 1 has no row at all
+
+
+def one_step(rank: int, world: int, port: int, model: str, out: str) -> None:
+    """Child: build the engine of rank `rank` of `world`, take a step on each row set (lr 0, so
+    the weights stay put and every step sees the same model) and save the reduced gradients
+    (just before the optimizer uses them) and the metrics."""
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    from learner.engine import build_engine, init_learner_distributed
+    from learner.ranks import train_step
+    from protocol.config import load_config
+
+    cfg = load_config(TINY, [f"model.path={model}", "learner.micro_batch=2", "optim.lr=0",
+                             "optim.warmup_steps=1"])
+    init_learner_distributed(cfg, rank, world)
+    engine = build_engine(cfg, model)
+    grads: list[dict] = []
+    step = engine.step
+
+    def capture_then_step():
+        if engine.is_gradient_accumulation_boundary():
+            grads.append({n: p.grad.detach().clone()
+                          for n, p in engine.module.named_parameters() if p.grad is not None})
+        step()
+
+    engine.step = capture_then_step
+    metrics = [train_step(engine, cfg, 0, make_rows(n, n_zero=3, seed=n), []) for n in ROW_SETS]
+    if rank == 0:
+        torch.save({"grads": grads, "metrics": metrics}, out)
+    torch.distributed.destroy_process_group()
+
+
+def run_ranks(world: int, model: Path, out: Path) -> dict:
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=one_step, args=(r, world, port, str(model), str(out)))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=240)
+    assert [p.exitcode for p in procs] == [0] * world
+    return torch.load(out, weights_only=False)
+
+
+def test_two_ranks_reduce_the_same_gradient_and_metrics_as_one(tiny_model, tmp_path):
+    one = run_ranks(1, tiny_model, tmp_path / "one.pt")
+    two = run_ranks(2, tiny_model, tmp_path / "two.pt")
+    assert len(one["grads"]) == len(two["grads"]) == len(ROW_SETS)
+    for n_active, g1, g2, m1, m2 in zip(ROW_SETS, one["grads"], two["grads"], one["metrics"],
+                                        two["metrics"]):
+        assert g1.keys() == g2.keys() and g1
+        for name, g in g1.items():
+            torch.testing.assert_close(g2[name], g, rtol=1e-4, atol=1e-7, msg=name)
+        for key in ("loss", "pg/clip_frac", "is/w_mean", "policy/entropy", "grad_norm"):
+            assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-7), key
+        assert m2["train/rows_forward"] == m1["train/rows_forward"] == n_active
+
+
+def test_a_plan_survives_the_wire_exactly_and_without_pickle():
+    rows = make_rows(3, 1)
+    contrasts = [ContrastGroup([1, 2], [3, 4, 0], [[5], [6, 7]])]
+    data = encode_plan("train", rows=rows, contrasts=contrasts)
+    assert b"\x80\x04" not in data[:2]  # not a pickle stream: msgpack map
+    plan = decode_plan(data)
+    assert plan["kind"] == "train" and plan["rows"] == rows and plan["contrasts"] == contrasts
+    assert decode_plan(encode_plan("checkpoint", step=7)) == {"kind": "checkpoint", "step": 7}
+
+
+def test_a_run_with_two_learner_ranks_trains_checkpoints_and_resumes(tiny_model, tmp_path):
+    from tests.conftest import quick_run_args, read_rows, run_rlvr
+
+    run = tmp_path / "ranks"
+    first = run_rlvr(*quick_run_args(run, tiny_model, "learner.ranks=2", "mode=sync",
+                                     "algorithm=grpo", "run.steps=3", "run.checkpoint_every=2",
+                                     "run.eval_every=100"), timeout_s=400)
+    assert first.returncode == 0, first.stderr[-3000:]
+    rows = read_rows(run)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    for r in rows[1:]:
+        assert r["learner/ranks"] == 2
+        # the actor samples with rank 0's weights, which both ranks stepped identically: the
+        # behaviour log-probs still match the learner's forward (null if nothing in the loss)
+        assert r["is/w_mean"] is None or r["is/w_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert "stop" in (run / "logs" / "learner-1.log").read_text()  # rank 1 was told to end
+    again = run_rlvr("train", "--resume", str(run), "run.steps=5", timeout_s=400)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [r["step"] for r in read_rows(run)] == [0, 1, 2, 3, 4, 5]
