@@ -8,6 +8,10 @@
     rlvr slurm submit CONFIG [a.b=value ...] --nodes N [--actors-per-node A] [--hetjob] [--dry-run]
     rlvr slurm status JOBID                           job state and progress from the run folder
     rlvr keys DIR [--force]                           CurveZMQ keys for a non-loopback learner
+    rlvr bench efficiency CONFIG [--seeds K] [--steps N] [--out DIR] [a.b=value ...]
+    rlvr bench throughput CONFIG [--steps N] [--out DIR] [a.b=value ...]
+    rlvr bench weights|transport [CONFIG] [--out DIR] [a.b=value ...]
+                                                      benchmarks -> DIR/results.json (BENCHMARKS.md)
 """
 
 from __future__ import annotations
@@ -95,6 +99,10 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("dir", help="folder to write the learner and actor keypairs into")
     k.add_argument("--force", action="store_true", help="replace keys already in DIR")
     k.set_defaults(func=_keys)
+
+    from learner.bench.cli import add_cli as add_bench_cli
+
+    add_bench_cli(sub)  # rlvr bench efficiency|throughput|weights|transport
     return ap
 
 

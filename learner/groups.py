@@ -59,6 +59,10 @@ def group_metrics(groups: list[Group]) -> dict:
         "resp/len_mean_correct": _mean_len(samples, True),
         "resp/len_mean_incorrect": _mean_len(samples, False),
         "perf/gen_tokens_per_s": gen_tokens / gen_time if gen_time > 0 else 0.0,
+        # actor-seconds spent sampling and scoring these groups (each group carries its share of
+        # its work item's time): `rlvr bench throughput` divides the sum by wall time x actors
+        "perf/actor_gen_s": gen_time,
+        "gen/tokens": int(lengths.sum()) if samples else 0,
         "gen/policy_version_min": min((s.policy_version for s in samples), default=0),
         "gen/policy_version_max": max((s.policy_version for s in samples), default=0),
         "actors/groups_by_actor": groups_by_actor(groups),

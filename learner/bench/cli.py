@@ -1,0 +1,127 @@
+"""`rlvr bench ...`: the command line of the benchmarks (wired into learner/cli.py).
+
+    rlvr bench efficiency CONFIG [--seeds K] [--algorithms a,b] [--target-acc X]
+    rlvr bench throughput CONFIG [--modes sync,async_s2,...] [--skip-first S]
+    rlvr bench weights [CONFIG] [--big-mb 64,256] [--rounds 5] [--receivers N]
+    rlvr bench transport [CONFIG] [--messages 2000] [--step-s S]
+each with [--steps N] [--out DIR (default runs/bench/<kind>)] [a.b=value ...].
+Names are checked before any run starts; the benches themselves are in this package.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def bench(args) -> int:
+    """Run the benchmark `args.kind`; 1 when a run failed or a run folder is in the way."""
+    from learner.bench.common import BenchError
+
+    # `rlvr bench weights a.b=1`: with CONFIG optional, argparse takes the override for it
+    if args.config and "=" in args.config:
+        args.overrides.insert(0, args.config)
+        args.config = None
+    _check_bench_args(args)
+    out = Path(args.out or f"runs/bench/{args.kind}")
+    overrides = list(args.overrides)
+    try:
+        match args.kind:
+            case "efficiency":
+                from learner.bench import efficiency
+
+                efficiency.run(args.config, out, overrides, args.steps, args.seeds,
+                               _names(args.algorithms), args.target_acc)
+            case "throughput":
+                from learner.bench import throughput
+
+                throughput.run(args.config, out, overrides, args.steps, _names(args.modes),
+                               args.skip_first)
+            case "weights":
+                from learner.bench import weights
+
+                weights.run(args.config, out, _with_steps(overrides, args.steps),
+                            [int(mb) for mb in _names(args.big_mb) if int(mb) > 0], args.rounds,
+                            args.receivers)
+            case "transport":
+                from learner.bench import transport
+
+                transport.run(args.config, out, _with_steps(overrides, args.steps),
+                              args.messages, args.step_s)
+    except BenchError as e:
+        print(f"rlvr bench: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _check_bench_args(args) -> None:
+    """Refuse unknown algorithm and mode names and empty sweeps before any run starts."""
+    from learner.bench.throughput import MODES
+    from protocol.presets import ALGORITHMS
+
+    def refuse(what: str) -> None:
+        raise SystemExit(f"rlvr bench {args.kind}: {what}")
+
+    if args.kind == "efficiency":
+        unknown = [a for a in _names(args.algorithms) if a not in ALGORITHMS]
+        if unknown or not _names(args.algorithms):
+            refuse(f"--algorithms: unknown {unknown}; choose from {list(ALGORITHMS)}")
+        if args.seeds < 1:
+            refuse("--seeds must be >= 1")
+    if args.kind == "throughput":
+        unknown = [m for m in _names(args.modes) if m not in MODES]
+        if unknown or not _names(args.modes):
+            refuse(f"--modes: unknown {unknown}; choose from {list(MODES)}")
+    if args.kind == "weights":
+        if args.rounds < 1:
+            refuse("--rounds must be >= 1")
+        if not all(mb.isdigit() for mb in _names(args.big_mb)):
+            refuse(f"--big-mb: sizes in whole MB, comma-separated, not {args.big_mb!r}")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _with_steps(overrides: list[str], steps: int | None) -> list[str]:
+    return [*overrides, f"run.steps={steps}"] if steps else overrides
+
+
+def add_cli(sub) -> None:
+    """Add `bench` and its four kinds to the `rlvr` subcommands."""
+    from learner.bench.efficiency import ALGORITHMS as BENCHED
+    from learner.bench.throughput import MODES
+
+    b = sub.add_parser("bench", help="benchmarks: efficiency, throughput, weights, transport")
+    kinds = b.add_subparsers(dest="kind", required=True)
+    for kind, needs_config, what in [
+            ("efficiency", True, "responses generated and accuracy per algorithm"),
+            ("throughput", True, "sync vs async vs staged steps/min and the overlap bound"),
+            ("weights", False, "weight broadcast bandwidth vs a memory copy"),
+            ("transport", False, "ZeroMQ + codec messages/s and their share of a step")]:
+        k = kinds.add_parser(kind, help=what)
+        k.add_argument("config", nargs=None if needs_config else "?",
+                       help="YAML config, e.g. configs/tiny-cpu.yaml")
+        k.add_argument("overrides", nargs="*", help="dotted overrides a.b=value for every run")
+        k.add_argument("--steps", type=int, help="override run.steps")
+        k.add_argument("--out", help=f"output folder (default runs/bench/{kind})")
+        k.set_defaults(func=bench)
+    e = kinds.choices["efficiency"]
+    e.add_argument("--seeds", type=int, default=1, help="seeds per algorithm (run.seed 0..K-1)")
+    e.add_argument("--algorithms", default=",".join(BENCHED), help="comma-separated")
+    e.add_argument("--target-acc", type=float,
+                   help="eval/avg@8 to count responses until (default: the lowest mean final "
+                        "eval/avg@8 among the algorithms)")
+    t = kinds.choices["throughput"]
+    t.add_argument("--modes", default=",".join(MODES), help=f"comma-separated of {list(MODES)}")
+    t.add_argument("--skip-first", type=int,
+                   help="steps left out at the start of the steady window (default steps/10)")
+    w = kinds.choices["weights"]
+    w.add_argument("--big-mb", default="64,256",
+                   help="flat buffer sizes in MB, comma-separated (0 or empty: model only)")
+    w.add_argument("--rounds", type=int, default=5, help="broadcasts per payload (first = warm-up)")
+    w.add_argument("--receivers", type=int, help="receiver processes (default actors.count)")
+    x = kinds.choices["transport"]
+    x.add_argument("--messages", type=int, default=2000, help="Group messages to send")
+    x.add_argument("--step-s", type=float,
+                   help="learner step seconds to compare with (default: measure policy_update)")

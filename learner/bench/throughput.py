@@ -1,0 +1,116 @@
+"""`rlvr bench throughput`: what asynchrony buys, against the most it could buy.
+
+    rlvr bench throughput configs/tiny-cpu.yaml [--steps 100] [--out DIR] [a.b=v ...]
+
+Trains the config's algorithm for the same number of steps in each schedule (`--modes`):
+  sync       mode=sync (staleness 0: generate, then train)
+  async_s1   mode=async max_staleness=1     (and async_s2, async_s4)
+  staged     mode=staged (Mu-GRPO's schedule: stages of mugrpo.updates_per_stage steps sampled
+             with the stage's weights; the algorithm's loss is kept, `algorithm=mugrpo` would
+             also swap in Mu-GRPO's loss and fixed-N sampling)
+Evaluation runs only after the last step (run.eval_every = steps unless overridden). Numbers
+come from each run's steady window (learner/bench/reduce.py): the first `--skip-first` steps
+(default a tenth of the steps) are left out, because they fill the pipeline and async banks up
+to max_staleness steps of groups in them, which a short window would count as speed; the last
+step (final evaluation and checkpoint) is left out too. Reported: steps per minute, generated
+and trained tokens/s, the learner's busy fraction (1 - its wait for groups / wall), the actors'
+busy fraction (actor-seconds spent sampling the window's groups, `perf/actor_gen_s`, / wall x
+actors.count), weight-sync seconds per step, and held-out accuracy at the end.
+
+The overlap bound comes from the sync run itself: there a step is G (the learner waits while
+the actors generate: `perf/learner_idle_s`) then T (the learner's own work: step time - wait),
+each with the threads it also has in async (actors.threads, learner.threads). Perfect overlap
+makes a step max(G, T), so async can at best be (G + T) / max(G, T) times faster than sync;
+the bench reports that bound and async's measured speedup as a fraction of it. G measured this
+way also holds what async hides besides generation (handing the work out, the actor loading
+new weights), so on very short steps async can come out above the "bound".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from learner.bench.common import (machine, markdown_table, run_overrides, targets_table,
+                                  train_run, write_results)
+from learner.bench.reduce import overlap_bound, ratio, run_throughput, throughput_targets
+from learner.run_log import read_metrics
+
+MODES = {
+    "sync": ["mode=sync"],
+    "async_s1": ["mode=async", "max_staleness=1"],
+    "async_s2": ["mode=async", "max_staleness=2"],
+    "async_s4": ["mode=async", "max_staleness=4"],
+    "staged": ["mode=staged"],
+}
+ASYNC_MODE = "async_s2"  # the one the speedup and the targets are about
+
+
+def run(config: str, out_dir: Path, overrides: list[str], steps: int | None,
+        modes: tuple[str, ...] = tuple(MODES), skip_first: int | None = None) -> dict:
+    from protocol.config import load_config
+
+    cfg = load_config(config, run_overrides(overrides, steps, []))
+    if skip_first is None:  # async starts with up to max_staleness steps of groups banked
+        skip_first = max(1, cfg.run.steps // 10)
+    # evaluate once, at the end, unless the user asked otherwise (their override comes later)
+    base = [f"run.eval_every={cfg.run.steps}", *overrides]
+    runs, launches = {}, {}
+    for mode in modes:
+        runs[mode], launches[mode] = train_run(config, out_dir, mode,
+                                               run_overrides(base, steps, MODES[mode]))
+    rows = {mode: read_metrics(d) for mode, d in runs.items()}
+    results = summarize(rows, cfg.actors.count, skip_first)
+    results.update({
+        "bench": "throughput", "config": str(config), "overrides": overrides,
+        "steps": cfg.run.steps, "algorithm": cfg.algorithm, "actors": cfg.actors.count,
+        "threads": {"actor": cfg.actors.threads, "learner": cfg.learner.threads},
+        "skip_first_steps": skip_first, "machine": machine(),
+        "runs": {m: str(d) for m, d in runs.items()}, "launches": launches,
+    })
+    from learner.bench.plots import plot_throughput  # matplotlib: only when plotting
+
+    results["plots"] = [str(p) for p in plot_throughput(results, out_dir)]
+    write_results(out_dir, results)
+    print(report(results))
+    print(f"results: {out_dir / 'results.json'}")
+    return results
+
+
+def summarize(rows_by_mode: dict[str, list[dict]], actors: int, skip_first: int = 1) -> dict:
+    modes = {m: run_throughput(rows, actors, skip_first) for m, rows in rows_by_mode.items()}
+    bound = overlap_bound(modes["sync"]) if "sync" in modes else overlap_bound({})
+    sync_rate = modes.get("sync", {}).get("steps_per_min")
+    for m in modes.values():
+        m["speedup_vs_sync"] = ratio(m["steps_per_min"], sync_rate)
+        m["fraction_of_overlap_bound"] = ratio(m["speedup_vs_sync"], bound["bound"])
+    speedup = modes.get(ASYNC_MODE, {}).get("speedup_vs_sync")
+    return {
+        "modes": modes,
+        "speedup_async_vs_sync": speedup,
+        "async_mode": ASYNC_MODE,
+        "overlap_bound": bound["bound"],
+        "overlap": bound,
+        "async_fraction_of_bound": ratio(speedup, bound["bound"]),
+        "targets": throughput_targets(modes, bound["bound"], ASYNC_MODE),
+    }
+
+
+def report(results: dict) -> str:
+    rows = [[mode, m["steps_per_min"], m["speedup_vs_sync"], m["fraction_of_overlap_bound"],
+             m["gen_tokens_per_s"], m["train_tokens_per_s"], m["learner_busy_frac"],
+             m["actor_busy_frac"], m["sync_s_per_step"], m["stale_max"], m["eval_avg@8"]]
+            for mode, m in results["modes"].items()]
+    table = markdown_table(["mode", "steps/min", "x sync", "of bound", "gen tok/s",
+                            "train tok/s", "learner busy", "actor busy", "sync s/step",
+                            "stale max", "eval/avg@8"], rows)
+    o = results["overlap"]
+    bound = (f"sync run: G (generation, learner waits) = {_s(o['G_s'])} s/step, "
+             f"T (learner work) = {_s(o['T_s'])} s/step; overlap bound (G+T)/max(G,T) = "
+             f"{_s(o['bound'])}x; {results['async_mode']} reached "
+             f"{_s(results['speedup_async_vs_sync'])}x = {_s(results['async_fraction_of_bound'])} "
+             f"of the bound\n")
+    return f"{table}\n{bound}\n{targets_table(results['targets'])}"
+
+
+def _s(value) -> str:
+    return "-" if value is None else f"{value:.3f}"

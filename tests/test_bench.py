@@ -1,0 +1,137 @@
+"""`rlvr bench` end to end at a tiny size: real training runs through the launcher, real weight
+broadcasts between processes, real ZeroMQ sockets; each results.json holds the documented keys
+with finite, plausible numbers. (The arithmetic itself is in tests/test_bench_math.py.)"""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from learner.bench.common import BenchError, train_run
+from tests.conftest import TINY, run_rlvr
+
+PROMPTS, GROUP = 8, 8
+SMALL = ["task.eval_per_level=8", f"rollout.prompts_per_step={PROMPTS}",
+         "rollout.prompts_per_work=4", f"rollout.group_size={GROUP}"]
+
+
+def finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def bench(kind: str, out, *args: str, timeout_s: float = 240) -> dict:
+    result = run_rlvr("bench", kind, *args, "--out", str(out), timeout_s=timeout_s)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "| target | met |" in result.stdout  # the printed table with the targets
+    return json.loads((out / "results.json").read_text())
+
+
+def assert_targets_block(results: dict) -> None:
+    assert results["targets"]
+    for t in results["targets"].values():
+        assert t["met"] in (True, False) and finite(t["value"]) and finite(t["threshold"])
+
+
+@pytest.mark.slow
+def test_efficiency_counts_every_generated_response_for_each_algorithm(tiny_model, tmp_path):
+    out = tmp_path / "efficiency"
+    r = bench("efficiency", out, str(TINY), "--steps", "2", f"model.path={tiny_model}", *SMALL)
+    algos = r["algorithms"]
+    assert set(algos) == {"grpo", "dapo", "ar3po", "aero", "hora"}
+    assert algos["grpo"]["responses_per_step"]["mean"] == PROMPTS * GROUP  # exactly N per prompt
+    assert algos["dapo"]["responses_per_step"]["mean"] >= PROMPTS * GROUP  # over-sampling counts
+    assert 1 <= algos["ar3po"]["responses_per_prompt"]["mean"] <= GROUP
+    for name, a in algos.items():
+        for key in ("responses_per_step", "responses_per_prompt", "wall_s", "total_gen_tokens"):
+            assert finite(a[key]["mean"]) and a[key]["mean"] > 0, (name, key)
+        assert 0 <= a["eval_avg@8"]["mean"] <= 1 and a["eval_avg@8"]["std"] == 0.0
+        assert 0 <= a["eval_pass@8"]["mean"] <= 1
+    assert r["ar3po_reduction_vs_grpo"] == pytest.approx(
+        PROMPTS * GROUP / algos["ar3po"]["responses_per_step"]["mean"])
+    assert finite(r["ar3po_reduction_vs_dapo"]) and r["ar3po_reduction_vs_dapo"] > 0
+    assert_targets_block(r)
+    assert all((out / p).exists() for p in ("efficiency_responses.png",
+                                            "efficiency_accuracy_vs_responses.png"))
+
+
+@pytest.mark.slow
+def test_throughput_compares_schedules_against_the_overlap_bound(tiny_model, tmp_path):
+    out = tmp_path / "throughput"
+    r = bench("throughput", out, str(TINY), "--steps", "3", f"model.path={tiny_model}", *SMALL)
+    assert set(r["modes"]) == {"sync", "async_s1", "async_s2", "async_s4", "staged"}
+    for mode, m in r["modes"].items():
+        assert finite(m["steps_per_min"]) and m["steps_per_min"] > 0, mode
+        assert 0 <= m["learner_busy_frac"] <= 1, mode
+        assert finite(m["actor_busy_frac"]) and m["actor_busy_frac"] > 0, mode
+        assert finite(m["gen_tokens_per_s"]) and finite(m["train_tokens_per_s"]), mode
+        assert 0 <= m["eval_avg@8"] <= 1, mode
+    assert r["modes"]["sync"]["stale_max"] == 0
+    assert finite(r["speedup_async_vs_sync"]) and r["speedup_async_vs_sync"] > 0
+    assert 1 <= r["overlap_bound"] <= 2
+    assert_targets_block(r)
+    assert (out / "throughput.png").exists()
+
+
+@pytest.mark.slow
+def test_weights_broadcast_and_memory_copy_bandwidths(tmp_path):
+    r = bench("weights", tmp_path / "weights", str(TINY), "--big-mb", "8", "--rounds", "3")
+    for name in ("model", "flat_8mb"):
+        case = r["cases"][name]
+        assert finite(case["broadcast_gb_per_s"]) and case["broadcast_gb_per_s"] > 0
+        assert finite(case["copy_gb_per_s"]) and case["copy_gb_per_s"] > 0
+        assert case["ratio_to_copy"] == pytest.approx(
+            case["broadcast_gb_per_s"] / case["copy_gb_per_s"])
+    assert r["cases"]["flat_8mb"]["bytes"] == 8 << 20
+    assert_targets_block(r)
+
+
+@pytest.mark.slow
+def test_transport_messages_per_second_and_share_of_a_learner_step(tiny_model, tmp_path):
+    r = bench("transport", tmp_path / "transport", str(TINY), "--messages", "200",
+              f"model.path={tiny_model}", *SMALL)
+    assert r["zeromq"]["rejected"] == 0 and r["zeromq"]["messages"] == 200
+    assert finite(r["zeromq"]["messages_per_s"]) and r["zeromq"]["messages_per_s"] > 0
+    assert finite(r["codec"]["decode_per_s"]) and r["codec"]["bytes_per_message"] > 0
+    assert finite(r["learner_step_s"]) and r["learner_step_s"] > 0
+    assert 0 < r["share_of_learner_step"] < 1
+    assert_targets_block(r)
+
+
+# -- run folders: an interrupted bench continues, nobody else's run is touched ------------------
+
+def fake_train(calls):
+    """Stands in for learner.launch.train: writes a finished run of `run.steps` steps."""
+    def train(config, overrides, resume_dir, dry_run):
+        opts = dict(o.split("=", 1) for o in overrides)
+        run_dir = Path(opts["run.out_dir"]) / opts["run.name"]
+        rows = [{"step": s, "time_s": float(s)} for s in range(int(opts["run.steps"]) + 1)]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run_dir / "summary.json").write_text("{}")
+        calls.append(run_dir.name)
+        return 0
+    return train
+
+
+def test_a_finished_run_with_the_same_arguments_is_reused_and_an_interrupted_one_redone(
+        tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr("learner.launch.train", fake_train(calls))
+    overrides = ["run.steps=3", "algorithm=grpo"]
+    run_dir, launch = train_run(str(TINY), tmp_path, "grpo-s0", overrides)
+    assert calls == ["grpo-s0"] and "seconds" in launch
+    assert train_run(str(TINY), tmp_path, "grpo-s0", overrides) == (run_dir,
+                                                                     {"reused": True, **launch})
+    assert calls == ["grpo-s0"]
+    (run_dir / "summary.json").unlink()  # cut off before the end: trained again
+    train_run(str(TINY), tmp_path, "grpo-s0", overrides)
+    assert calls == ["grpo-s0", "grpo-s0"]
+
+
+def test_a_run_folder_with_other_arguments_stops_the_bench_untouched(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr("learner.launch.train", fake_train(calls))
+    run_dir, _ = train_run(str(TINY), tmp_path, "grpo-s0", ["run.steps=3"])
+    with pytest.raises(BenchError, match="other arguments"):
+        train_run(str(TINY), tmp_path, "grpo-s0", ["run.steps=4"])
+    assert (run_dir / "metrics.jsonl").exists() and calls == ["grpo-s0"]
