@@ -80,7 +80,8 @@ class Learner:
         self.endpoint = LearnerEndpoint(cfg.net.bind_host, cfg.net.zmq_port,
                                         curve_dir=cfg.net.curve_dir or None,
                                         vocab_size=len(self.tokenizer))
-        G = cfg.rollout.prompts_per_step
+        # groups admitted per policy version: one step's prompts, or DAPO's generation batch
+        G = self.gen_batch = generation_batch(cfg)
         self.coord = Coordinator(self.endpoint,
                                  PromptSource(cfg, self.prompts, self.algo.prompt_counts),
                                  rollout_spec(cfg), G, cfg.rollout.prompts_per_work,
@@ -191,39 +192,47 @@ class Learner:
 
     def _gather(self) -> tuple[list[Group], list[Group], dict]:
         """Wait until a step's worth of fresh-enough (DAPO: informative) groups is ready.
-        Returns them, every group generated for the step (kept and filtered), and counts."""
+        Returns them, every group generated for the step, and counts.
+
+        Groups come in generation batches of `self.gen_batch` (one step's prompts, or DAPO's
+        3x): DAPO takes another whole batch while its informative groups do not fill the step,
+        up to dapo.max_gen_batches, and drops the surplus (ALGORITHMS.md 2); every response of
+        every batch counts as generated. A stale group frees its slot for a replacement."""
         c, coord = self.cfg, self.coord
-        need = c.rollout.prompts_per_step
+        need, batch = c.rollout.prompts_per_step, self.gen_batch
         filtering = c.dapo.dynamic_sampling
-        kept, dropped, filtered = [], [], []
+        kept, dropped, generated, filtered, rounds = [], [], [], 0, 1
         t0 = time.time()
-        while len(kept) < need:
+        while True:
             self._admit()
-            for g in coord.take(need - len(kept)):
+            for g in coord.take(rounds * batch - len(generated)):
                 self.algo.observe(g)
                 if is_stale(g, self.version, c.staleness_bound, c.stale_policy):
                     dropped.append(g)
                     coord.release(1)
-                elif filtering and not dapo_keep_group([s.acc for s in g.samples]):
-                    filtered.append(g)
-                    coord.release(1)  # over-sampling: another prompt takes its place
-                else:
+                    continue
+                generated.append(g)
+                if filtering and not dapo_keep_group([s.acc for s in g.samples]):
+                    filtered += 1
+                elif len(kept) < need:
                     kept.append(g)
-            if filtering and len(kept) + len(filtered) >= c.dapo.max_gen_batches * need:
-                break  # give up on a full batch and train on what there is (ALGORITHMS.md 2)
-            if len(kept) < need:
+            if len(generated) < rounds * batch:
                 coord.poll(0.05)
                 self._keep_actors()
+                continue
+            if len(kept) >= need or not filtering or rounds >= c.dapo.max_gen_batches:
+                break
+            rounds += 1  # another generation batch for this step (admitted at this version)
+            coord.release(batch)
         info = {"perf/learner_idle_s": time.time() - t0,
-                "stale/dropped_frac": len(dropped) / max(len(kept) + len(dropped), 1)}
+                "stale/dropped_frac": len(dropped) / max(len(generated) + len(dropped), 1)}
         if dropped:
             info["stale/dropped_groups"] = len(dropped)
         if filtering:
-            generated = len(kept) + len(filtered)
-            info.update({"dapo/groups_generated": generated, "dapo/groups_filtered": len(filtered),
-                         "dapo/gen_batches": math.ceil(generated / need),
-                         "dapo/gave_up": int(len(kept) < need)})
-        return kept, kept + filtered, info
+            info.update({"dapo/groups_generated": len(generated), "dapo/groups_filtered": filtered,
+                         "dapo/groups_surplus": len(generated) - filtered - len(kept),
+                         "dapo/gen_batches": rounds, "dapo/gave_up": int(len(kept) < need)})
+        return kept, generated, info
 
     def _goldens(self, groups: list[Group]) -> dict[str, list[int]]:
         """Verified golden trajectories (token ids) of the all-fail groups, for GCPO."""
@@ -343,6 +352,12 @@ class Learner:
             plot_run(self.run_dir)
         except Exception as e:  # noqa: BLE001 - a plotting failure must not fail the run
             log.warning("plots not written: %s", e)
+
+
+def generation_batch(cfg: Config) -> int:
+    """Groups generated per round: a step's prompts, or DAPO's generation batch."""
+    need = cfg.rollout.prompts_per_step
+    return math.ceil(cfg.dapo.gen_batch_factor * need) if cfg.dapo.dynamic_sampling else need
 
 
 def allocation_histogram(groups: list[Group]) -> list[int]:

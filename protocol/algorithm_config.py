@@ -109,11 +109,15 @@ class HORAConfig:
 @dataclass(frozen=True)
 class DAPOConfig:
     dynamic_sampling: bool = False
-    """Keep only groups with 0 < correct < n, admitting more prompts until a step's batch is full
-    (ALGORITHMS.md 2); every generated response is counted in gen/responses_per_step."""
+    """Keep only groups with 0 < correct < n, generating whole generation batches until a
+    step's batch is full and dropping the surplus (ALGORITHMS.md 2); every generated response
+    is counted in gen/responses_per_step."""
+    gen_batch_factor: float = 3.0
+    """Prompts per generation batch, as a multiple of rollout.prompts_per_step (DAPO: 1536
+    for 512 training prompts)."""
     max_gen_batches: int = 10
-    """Dynamic sampling gives up after this many batches (of rollout.prompts_per_step prompts)
-    for one step and trains on the informative groups it has."""
+    """Dynamic sampling gives up after this many generation batches for one step and trains on
+    the informative groups it has."""
     signed_reward: bool = False
     """Reward -1/+1 instead of 0/1 (DAPO)."""
     overlong: Literal["off", "shaping", "filter"] = "off"
@@ -126,6 +130,8 @@ class DAPOConfig:
     """Largest overlong penalty."""
 
     def validate(self) -> None:
+        if self.gen_batch_factor < 1:
+            raise ValueError("gen_batch_factor must be >= 1")
         if self.max_gen_batches < 1:
             raise ValueError("max_gen_batches must be >= 1")
         if not 0 <= self.cache_frac <= 1:

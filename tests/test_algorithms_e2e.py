@@ -52,14 +52,16 @@ def test_fixed_n_algorithms_generate_exactly_n_responses_per_prompt(tmp_path, ti
 
 def test_dapo_counts_every_over_sampled_group_and_trains_only_informative_ones(tmp_path,
                                                                                tiny_model):
-    rows = train(tmp_path, tiny_model, "dapo", "algorithm=dapo")
+    rows = train(tmp_path, tiny_model, "dapo", "algorithm=dapo", "dapo.gen_batch_factor=1.5")
     assert sum(r["dapo/groups_filtered"] for r in rows) > 0  # the warm start fails often
+    gen_batch = math.ceil(1.5 * PROMPTS)
     for r in rows:
         generated = r["dapo/groups_generated"]
-        assert r["gen/responses_per_step"] == N * generated  # filtered groups counted too
-        assert r["dapo/gen_batches"] == math.ceil(generated / PROMPTS)
+        # whole generation batches, filtered and surplus groups all counted
+        assert generated == r["dapo/gen_batches"] * gen_batch
+        assert r["gen/responses_per_step"] == N * generated
         if not r["dapo/gave_up"]:
-            assert generated - r["dapo/groups_filtered"] == PROMPTS
+            assert generated - r["dapo/groups_filtered"] - r["dapo/groups_surplus"] == PROMPTS
             assert r["groups/frac_zero_adv_final"] == 0
             assert r["gen/responses_per_trained_prompt"] == N * generated / PROMPTS
 
