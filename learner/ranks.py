@@ -23,18 +23,13 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from learner.update import ContrastGroup, LossRow, policy_update
+from learner.update import (ContrastGroup, LossRow, collective_device, policy_update,
+                            rank_and_world)
 from protocol.config import Config
 
 log = logging.getLogger(__name__)
 
 _ROW_FIELDS = [f.name for f in dataclasses.fields(LossRow)]
-
-
-def rank_and_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -65,9 +60,7 @@ class PlanChannel:
 
     def __init__(self):
         self.rank, self.world = rank_and_world()
-        nccl = dist.is_initialized() and dist.get_backend() == "nccl"
-        self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else \
-            torch.device("cpu")
+        self.device = collective_device() if self.world > 1 else torch.device("cpu")
 
     def tell(self, kind: str, **fields) -> None:
         """Rank 0: send a plan to every other rank (a no-op with one rank)."""

@@ -9,8 +9,9 @@ weights only when the stage is trained, so step u of a stage trains on data u ve
 learner starts training as soon as a step's groups are in (the data are the same either way).
 
 What enters the loss is decided per algorithm in learner/algorithms.py; DAPO's dynamic sampling
-happens here, at gathering: an uninformative group frees its admission slot, so another prompt is
-handed out in its place, and its responses still count as generated.
+happens here, at gathering: groups come in generation batches (3x the step's prompts), another
+whole batch follows while the informative groups do not fill the step, the surplus is dropped,
+and every response counts as generated.
 
     python -m learner.main --run-dir runs/demo        # started by `rlvr train`, not by hand
 """

@@ -157,7 +157,7 @@ def policy_update(engine, rows: list[Row], loss_cfg: LossConfig, pad_id: int,
     active = [r for r in rows if needs_all or r.adv != 0.0]
     t0 = time.time()
     engine.train()
-    rank, world = _rank_and_world()
+    rank, world = rank_and_world()
     mine = sorted(active, key=lambda r: len(r.prompt) + len(r.response))[rank::world]
     pg_batches = micro_batches(mine, micro_batch)
     if veto is not None and loss_cfg.aggregation == "token-mean":
@@ -236,30 +236,32 @@ _SUM_KEYS = ("loss", "clip_low", "clip_high", "w", "w_trunc", "entropy", "tokens
              "gc_margin", "gc_closed")
 
 
-def _rank_and_world() -> tuple[int, int]:
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of the learner ranks; (0, 1) without a process group."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
 
-def _collective_device() -> torch.device:
+def collective_device() -> torch.device:
+    """Where tensors for the learners' default group must live (NCCL needs CUDA)."""
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
 def _sum_over_ranks(values: list[float]) -> list[float]:
-    if _rank_and_world()[1] == 1:
+    if rank_and_world()[1] == 1:
         return values
-    t = torch.tensor(values, dtype=torch.float64, device=_collective_device())
+    t = torch.tensor(values, dtype=torch.float64, device=collective_device())
     dist.all_reduce(t)
     return t.tolist()
 
 
 def _max_over_ranks(value: int) -> int:
-    if _rank_and_world()[1] == 1:
+    if rank_and_world()[1] == 1:
         return value
-    t = torch.tensor([value], dtype=torch.int64, device=_collective_device())
+    t = torch.tensor([value], dtype=torch.int64, device=collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
 
