@@ -17,7 +17,7 @@ import random
 import time
 
 from actors.engines import Completion, Engine
-from actors.verifier import Verifier
+from tasks.verifier import Verifier
 from protocol.messages import PROTOCOL_VERSION, Group, Prompt, RolloutSpec, Sample, Work
 
 

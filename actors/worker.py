@@ -22,7 +22,7 @@ from transformers import AutoTokenizer
 
 from actors.engines import make_engine
 from actors.rollout import sample_work
-from actors.verifier import Verifier
+from tasks.verifier import Verifier
 from protocol.config import Config
 from protocol.messages import PROTOCOL_VERSION, Heartbeat, Hello, Shutdown, SyncWeights, Work
 from protocol.transport import ActorEndpoint

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from actors.allocation import aero_curate, aero_stratum
+from learner.allocation import aero_curate, aero_stratum
 from learner.advantages import bayesian_degenerate_advantages
 from learner.groups import group_advantages
 from learner.losses import dapo_overlong_penalty

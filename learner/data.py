@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 
 import msgspec
 
-from actors.allocation import hora_allocate
-from actors.datasets import iterate_forever, load_problems
-from actors.prompts import prompt_token_ids
-from actors.tasks import Arithmetic, Problem
+from learner.allocation import hora_allocate
+from tasks.datasets import iterate_forever, load_problems
+from tasks.prompts import prompt_token_ids
+from tasks.arithmetic import Arithmetic, Problem
 from protocol.config import Config
 from protocol.messages import Prompt, RolloutSpec
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from protocol.config import load_config
-from slurm.roles import REQUEUE_EXIT_CODE  # exit code that makes the SLURM job requeue itself
+from protocol.exit_codes import REQUEUE_EXIT_CODE  # makes the SLURM job requeue itself
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,13 +28,11 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from actors.verifier import Verifier
 from learner.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from learner.coordinator import Coordinator
 from learner.algorithms import AlgorithmState, build_step
 from learner.data import PromptSource, PromptStream, held_out, rollout_spec
 from learner.engine import build_engine, init_learner_distributed, publish_weights
-from learner.evaluate import evaluate
 from learner.groups import group_metrics, is_stale
 from learner.losses import dapo_keep_group
 from learner.plots import plot_run
@@ -44,6 +42,9 @@ from protocol.config import Config, to_dict
 from protocol.messages import Group
 from protocol.transport import LearnerEndpoint
 from protocol.weights import WeightGroup, WeightSyncError, announce_epoch, host_store
+from tasks.evaluation import evaluate
+from tasks.sampling import HFSampler
+from tasks.verifier import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ class Learner:
 
     def _evaluate(self) -> dict:
         c = self.cfg
-        return evaluate(self.engine.module, self.tokenizer, self.eval_problems, self.verifier,
+        return evaluate(HFSampler(self.engine.module), self.tokenizer, self.eval_problems, self.verifier,
                         c.task.eval_samples, c.rollout.max_new_tokens, c.rollout.temperature,
                         c.task.prompt_template)
 

@@ -115,7 +115,7 @@ def interrupt_on_sigterm() -> None:
 def hf_generate(res, save, workdir: Path, device: str, dry_run: bool) -> None:
     import torch
     from actors.engines import make_engine
-    from actors.tiny_model import build_tiny
+    from tasks.tiny_model import build_tiny
 
     def measure(engine, vocab, prompts, n, prompt_len, new_tokens):
         g = torch.Generator().manual_seed(0)
@@ -294,7 +294,7 @@ def async_train(res, save, workdir: Path, device: str, dry_run: bool) -> None:
     argv = ["rlvr", "train", str(cfg), f"model.device={device}", "run.steps=20", "mode=async",
             "weight_sync.backend=gloo", f"run.out_dir={out_dir}", "run.name=gpu-check",
             "run.wandb=disabled", "run.progress=false"]
-    code = f"import sys; sys.argv = {argv!r}; from learner.cli import main; sys.exit(main())"
+    code = f"import sys; sys.argv = {argv!r}; from rlvr.cli import main; sys.exit(main())"
     t0 = time.perf_counter()
     rc, output = run_bounded([sys.executable, "-c", code], max(10, res["budget_s"] - 10), cwd=ROOT)
     res.update(rc=rc, seconds=round(time.perf_counter() - t0, 1), output_tail=output[-3000:])
@@ -314,7 +314,7 @@ def vllm_engine(res, save, workdir: Path, device: str, dry_run: bool) -> None:
     import torch
     from transformers import AutoModelForCausalLM
     from actors.engines.vllm import VLLMEngine
-    from actors.tiny_model import build_model, build_tiny, build_tokenizer
+    from tasks.tiny_model import build_model, build_tiny, build_tokenizer
 
     tiny = build_tiny(workdir / "tiny_vllm")
     engine = VLLMEngine(str(tiny), device=device, gpu_memory_utilization=0.3, max_model_len=256,

@@ -36,11 +36,10 @@ import subprocess
 from dataclasses import dataclass
 from typing import Literal, Mapping, Sequence
 
+from protocol.exit_codes import REQUEUE_EXIT_CODE  # noqa: F401 - the job scripts' contract
+
 Kind = Literal["learner", "actor", "idle"]
 
-REQUEUE_EXIT_CODE = 3
-"""A learner rank that saved a checkpoint after the preemption notice exits with this code; the
-job script (slurm/templates/job.sbatch) then runs `scontrol requeue` and the job starts again."""
 
 PREEMPT_SIGNAL = "USR1"
 """The preemption notice the job script passes to the learner ranks (and only to them)."""

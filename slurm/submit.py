@@ -41,7 +41,7 @@ def write_run_config(config, run_dir: Path) -> Path:
     folder, which every node sees) unless the config names a key folder already."""
     import dataclasses
 
-    from learner.launch import resolve
+    from rlvr.launch import resolve
     from protocol.config import write_resolved
     from protocol.keys import make_keys
 

@@ -17,7 +17,7 @@ TINY = ROOT / "configs" / "tiny-cpu.yaml"
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """The tiny model after a short warm start (enough for mixed groups, not for accuracy)."""
-    from learner.warm_start import ensure_warm_start
+    from rlvr.warm_start import ensure_warm_start
     from protocol.config import load_config
 
     cache = tmp_path_factory.mktemp("warm")
@@ -27,7 +27,7 @@ def tiny_model(tmp_path_factory) -> Path:
 
 def run_rlvr(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true"}
-    return subprocess.run([sys.executable, "-m", "learner.cli", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "rlvr.cli", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout_s)
 
 

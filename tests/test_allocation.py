@@ -1,4 +1,4 @@
-"""HORA allocation and AERO strata/curation (actors/allocation.py, ALGORITHMS.md §7, §4.2, §4.4)."""
+"""HORA allocation and AERO strata/curation (learner/allocation.py, ALGORITHMS.md §7, §4.2, §4.4)."""
 
 import itertools
 import math
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.allocation import aero_curate, aero_stratum, hit_utility, hora_allocate, marginal_gain
+from learner.allocation import aero_curate, aero_stratum, hit_utility, hora_allocate, marginal_gain
 
 count = st.floats(0, 50, allow_nan=False)
 counts = st.lists(st.tuples(count, count), min_size=1, max_size=6)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from learner.bench.common import BenchError, train_run
+from rlvr.bench.common import BenchError, train_run
 from tests.conftest import TINY, run_rlvr
 
 PROMPTS, GROUP = 8, 8
@@ -101,7 +101,7 @@ def test_transport_messages_per_second_and_share_of_a_learner_step(tiny_model, t
 # -- run folders: an interrupted bench continues, nobody else's run is touched ------------------
 
 def fake_train(calls):
-    """Stands in for learner.launch.train: writes a finished run of `run.steps` steps."""
+    """Stands in for rlvr.launch.train: writes a finished run of `run.steps` steps."""
     def train(config, overrides, resume_dir, dry_run):
         opts = dict(o.split("=", 1) for o in overrides)
         run_dir = Path(opts["run.out_dir"]) / opts["run.name"]
@@ -116,7 +116,7 @@ def fake_train(calls):
 def test_a_finished_run_with_the_same_arguments_is_reused_and_an_interrupted_one_redone(
         tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr("learner.launch.train", fake_train(calls))
+    monkeypatch.setattr("rlvr.launch.train", fake_train(calls))
     overrides = ["run.steps=3", "algorithm=grpo"]
     run_dir, launch = train_run(str(TINY), tmp_path, "grpo-s0", overrides)
     assert calls == ["grpo-s0"] and "seconds" in launch
@@ -130,7 +130,7 @@ def test_a_finished_run_with_the_same_arguments_is_reused_and_an_interrupted_one
 
 def test_a_run_folder_with_other_arguments_stops_the_bench_untouched(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr("learner.launch.train", fake_train(calls))
+    monkeypatch.setattr("rlvr.launch.train", fake_train(calls))
     run_dir, _ = train_run(str(TINY), tmp_path, "grpo-s0", ["run.steps=3"])
     with pytest.raises(BenchError, match="other arguments"):
         train_run(str(TINY), tmp_path, "grpo-s0", ["run.steps=4"])

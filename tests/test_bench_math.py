@@ -1,12 +1,12 @@
-"""The arithmetic of `rlvr bench` (learner/bench/reduce.py and the summaries built on it) on
+"""The arithmetic of `rlvr bench` (rlvr/bench/reduce.py and the summaries built on it) on
 synthetic metric rows, where every expected number can be worked out by hand."""
 
 import math
 
 import pytest
 
-from learner.bench import efficiency, throughput
-from learner.bench.reduce import (accuracy_by_responses, default_target_acc, first_reach,
+from rlvr.bench import efficiency, throughput
+from rlvr.bench.reduce import (accuracy_by_responses, default_target_acc, first_reach,
                                   gb_per_s, mean_std, overlap_bound, reductions,
                                   run_efficiency, run_throughput, share_of_step, steady_window,
                                   target, timed_rounds, training_rows)

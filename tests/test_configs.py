@@ -33,7 +33,7 @@ def test_the_tiny_default_is_ar3po_in_async_mode():
 
 
 def test_learner_ranks_with_zero_stage_3_are_refused_at_launch_with_a_clear_message():
-    from learner.launch import train
+    from rlvr.launch import train
 
     with pytest.raises(ConfigError, match="learner.ranks > 1 with optim.zero_stage 3"):
         train(str(CONFIGS[0]), ["learner.ranks=2", "optim.zero_stage=3"], None, dry_run=True)

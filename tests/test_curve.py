@@ -14,7 +14,7 @@ import zmq
 from zmq.auth.thread import AuthenticationThread
 from zmq.utils.monitor import recv_monitor_message
 
-from learner.cli import main as rlvr
+from rlvr.cli import main as rlvr
 from protocol.codec import encode
 from protocol.keys import KEY_FILES, ActorKeys, KeysError, LearnerKeys, load_keys, make_keys
 from protocol.messages import PROTOCOL_VERSION, Hello, RolloutSpec, Shutdown, Work

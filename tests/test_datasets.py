@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from actors.datasets import DatasetError, iterate_forever, load_problems
-from actors.tasks import Problem
+from tasks.datasets import DatasetError, iterate_forever, load_problems
+from tasks.arithmetic import Problem
 
 
 def write_jsonl(path, rows):

@@ -1,4 +1,4 @@
-"""Evaluation estimators (learner/eval_math.py, ALGORITHMS.md §10)."""
+"""Evaluation estimators (tasks/eval_math.py, ALGORITHMS.md §10)."""
 
 from math import comb
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner.eval_math import avg_at_k, pass_at_k
+from tasks.eval_math import avg_at_k, pass_at_k
 
 
 @settings(max_examples=80, deadline=None)

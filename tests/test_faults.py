@@ -25,7 +25,7 @@ FAST_FAULTS = ("actors.heartbeat_s=0.5", "actors.heartbeat_timeout_s=6",
 
 def start_rlvr(*args: str) -> subprocess.Popen:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true"}
-    return subprocess.Popen([sys.executable, "-m", "learner.cli", *args], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "rlvr.cli", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

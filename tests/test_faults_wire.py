@@ -97,7 +97,7 @@ def test_a_run_fed_every_malformed_frame_keeps_training_and_counts_each(tmp_path
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true"}
     with open(stdout, "w") as out, open(stderr, "w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "learner.cli",
+            [sys.executable, "-m", "rlvr.cli",
              *quick_run_args(run, tiny_model, f"run.steps={STEPS}", "run.eval_every=100")],
             cwd=ROOT, env=env, stdout=out, stderr=err, start_new_session=True)
     ctx = zmq.Context()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from actors.engines.hf import HFEngine
-from actors.prompts import prompt_token_ids
-from actors.tiny_model import build_model, build_tokenizer
+from tasks.prompts import prompt_token_ids
+from tasks.tiny_model import build_model, build_tokenizer
 from learner.batch import Row, pack
 from learner.update import token_logp
 

@@ -148,7 +148,7 @@ def submit_with_cli(*args: str) -> str:
     """`rlvr slurm submit ...` as a user types it; returns the job id it prints."""
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "learner.cli", "slurm", "submit", *args],
+    done = subprocess.run([sys.executable, "-m", "rlvr.cli", "slurm", "submit", *args],
                           capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stdout + done.stderr

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.tasks import Arithmetic, Problem, level_size
+from tasks.arithmetic import Arithmetic, Problem, level_size
 
 
 def first(n, stream):

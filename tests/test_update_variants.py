@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from actors.tiny_model import build_model, build_tokenizer
+from tasks.tiny_model import build_model, build_tokenizer
 from learner.batch import pack
 from learner.update import (ContrastGroup, LossRow, contrast_batches, policy_update,
                             ratio_terms, token_logp)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.verifier import Verifier, extract_boxed
+from tasks.verifier import Verifier, extract_boxed
 
 
 def scripted_check(boxed: str, answer: str) -> bool:
@@ -134,7 +134,7 @@ def test_printing_in_the_child_does_not_corrupt_the_replies():
 def test_a_script_without_a_main_guard_can_use_the_verifier(tmp_path):
     script = tmp_path / "unguarded.py"
     script.write_text(
-        "from actors.verifier import Verifier\n"
+        "from tasks.verifier import Verifier\n"
         "v = Verifier()\n"
         "print(v.score(['\\\\boxed{1/2}'], ['0.5']))\n"
         "v.close()\n"

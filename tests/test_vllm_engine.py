@@ -20,7 +20,7 @@ from actors.engines import Completion, make_engine
 from actors.engines.vllm import (INSTALL_HINT, VLLMEngine, allocate_staging, build_requests,
                                  completion_from_output, engine_kwargs, hf_to_vllm_names,
                                  staging_specs)
-from actors.tiny_model import build_tiny
+from tasks.tiny_model import build_tiny
 from protocol.weights import WeightGroup
 
 EOS = 1

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from actors.tasks import Arithmetic
-from learner.warm_start import corrupt_answer, warm_level_weights, warm_start_key
+from tasks.arithmetic import Arithmetic
+from rlvr.warm_start import corrupt_answer, warm_level_weights, warm_start_key
 from protocol.config import load_config
 from tests.conftest import TINY
 

@@ -6,20 +6,11 @@ GPU production path and is imported only when selected, so vLLM is never needed 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable, Protocol
 
 import torch
 
-
-@dataclass(frozen=True)
-class Completion:
-    """One sampled response: its tokens (eos included when it stopped), the behaviour log-prob
-    of each token under the sampling distribution, and whether it hit `max_new_tokens`."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    truncated: bool
+from tasks.sampling import Completion
 
 
 class Engine(Protocol):

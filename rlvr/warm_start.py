@@ -7,7 +7,7 @@ puts most of its mass on the right answer but, sampled at temperature 1, often s
 between greedy and sampled accuracy that RL with a verifier closes within minutes (measured in
 README). The result is cached under `warm_start.cache_dir`, keyed by everything that shapes it.
 
-    python -m learner.warm_start configs/tiny-cpu.yaml      # build (or find) the cached model
+    python -m rlvr.warm_start configs/tiny-cpu.yaml      # build (or find) the cached model
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from actors.prompts import prompt_token_ids
-from actors.tasks import Arithmetic
-from actors.tiny_model import build_model, build_tokenizer
+from tasks.prompts import prompt_token_ids
+from tasks.arithmetic import Arithmetic
+from tasks.tiny_model import build_model, build_tokenizer
 from protocol.config import Config, load_config
 
 

@@ -5,7 +5,7 @@ built here from a standard Hugging Face architecture (`Qwen2ForCausalLM`) and a 
 fast tokenizer with a chat template. Both are written with `save_pretrained` and read back with
 `from_pretrained`, so everything downstream takes exactly the code path a real checkpoint takes.
 
-    python -c "from actors.tiny_model import build_tiny; build_tiny('/tmp/tiny')"
+    python -c "from tasks.tiny_model import build_tiny; build_tiny('/tmp/tiny')"
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ import random
 import time
 from pathlib import Path
 
-from learner.bench.common import machine, markdown_table, targets_table, write_results
-from learner.bench.reduce import median, ratio, share_of_step, target, timed_rounds
+from rlvr.bench.common import machine, markdown_table, targets_table, write_results
+from rlvr.bench.reduce import median, ratio, share_of_step, target, timed_rounds
 
 HOST = "127.0.0.1"
 
@@ -138,7 +138,7 @@ def run(config: str | None, out_dir: Path, overrides: list[str], messages: int,
         step_s: float | None) -> dict:
     from transformers import AutoTokenizer
 
-    from learner.launch import resolve
+    from rlvr.launch import resolve
     from protocol.config import Config, load_config, with_overrides
 
     cfg = load_config(config, overrides) if config else with_overrides(Config(), overrides)

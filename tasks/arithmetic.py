@@ -23,7 +23,7 @@ How it works:
   a resumed run continues at any index in O(1): the stream's whole state is the next index.
   Held-out questions are rejected (redrawn from the same generator).
 
-Run `python -m actors.tasks` to print a few problems of each split.
+Run `python -m tasks.arithmetic` to print a few problems of each split.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ signal interrupts. So `Verifier` runs the checks in one long-lived child process
 thread bounds each item with its own timer; the parent bounds each item again from outside and
 kills and restarts a child that hangs or dies. `score` can be called from any thread.
 
-The child is a fresh interpreter (`python -m actors.verifier --serve ...`), not a
+The child is a fresh interpreter (`python -m tasks.verifier --serve ...`), not a
 multiprocessing child: multiprocessing's spawn/forkserver re-run the parent's main script in the
 child, which breaks unguarded user scripts and re-imports whatever the entry point imports
 (torch). Requests and replies are JSON lines over the child's stdin/stdout: plain lists of
@@ -24,7 +24,7 @@ What math-verify 0.9 says (asserted in tests/test_verifier.py): `\\boxed{432}` v
 `\\boxed{433}` False, `\\boxed{1/2}` and `\\boxed{\\frac{1}{2}}` vs "0.5" True, `\\boxed{432.0}`
 vs "432" True, `\\boxed{1,000}` vs "1000" True, `\\boxed{4,32}` vs "432" False (a set).
 
-Run `python -m actors.verifier` for a smoke check.
+Run `python -m tasks.verifier` for a smoke check.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 _BOXED = "\\boxed{"
 _GRACE_S = 2.0
 """Slack the parent allows per item on top of the child's own per-item bound (IPC, GC, load)."""
-_MATH_VERIFY = "actors.verifier:math_equal"
+_MATH_VERIFY = "tasks.verifier:math_equal"
 
 
 def extract_boxed(text: str) -> str | None:
@@ -139,7 +139,7 @@ class _Child:
         path = [p or os.getcwd() for p in sys.path]  # so the child imports what the parent can
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "actors.verifier", "--serve", repr(timeout_s), check_ref],
+            [sys.executable, "-m", "tasks.verifier", "--serve", repr(timeout_s), check_ref],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

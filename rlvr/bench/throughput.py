@@ -9,7 +9,7 @@ Trains the config's algorithm for the same number of steps in each schedule (`--
              with the stage's weights; the algorithm's loss is kept, `algorithm=mugrpo` would
              also swap in Mu-GRPO's loss and fixed-N sampling)
 Evaluation runs only after the last step (run.eval_every = steps unless overridden). Numbers
-come from each run's steady window (learner/bench/reduce.py): the first `--skip-first` steps
+come from each run's steady window (rlvr/bench/reduce.py): the first `--skip-first` steps
 (default a tenth of the steps) are left out, because they fill the pipeline and async banks up
 to max_staleness steps of groups in them, which a short window would count as speed; the last
 step (final evaluation and checkpoint) is left out too. Reported: steps per minute, generated
@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from learner.bench.common import (machine, markdown_table, run_overrides, targets_table,
+from rlvr.bench.common import (machine, markdown_table, run_overrides, targets_table,
                                   train_run, write_results)
-from learner.bench.reduce import overlap_bound, ratio, run_throughput, throughput_targets
+from rlvr.bench.reduce import overlap_bound, ratio, run_throughput, throughput_targets
 from learner.run_log import read_metrics
 
 MODES = {
@@ -67,7 +67,7 @@ def run(config: str, out_dir: Path, overrides: list[str], steps: int | None,
         "skip_first_steps": skip_first, "machine": machine(),
         "runs": {m: str(d) for m, d in runs.items()}, "launches": launches,
     })
-    from learner.bench.plots import plot_throughput  # matplotlib: only when plotting
+    from rlvr.bench.plots import plot_throughput  # matplotlib: only when plotting
 
     results["plots"] = [str(p) for p in plot_throughput(results, out_dir)]
     write_results(out_dir, results)

@@ -5,7 +5,7 @@
 Trains grpo, dapo, ar3po, aero and hora (`--algorithms` to choose) on the same config: same
 task, model, steps and prompts per step; only `algorithm=` and `run.seed=` differ between runs
 (the tiny model is warm-started once, with the config's seed, and every run starts from it).
-From each run's metrics.jsonl (learner/bench/reduce.py):
+From each run's metrics.jsonl (rlvr/bench/reduce.py):
   - responses generated per step and per prompt (ALGORITHMS.md 3.7: fresh responses only,
     every generated group counted, DAPO's filtered over-sampling included: the learner logs
     `gen/responses_per_step` over all groups generated for the step), whole-run mean and
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from learner.bench.common import (machine, markdown_table, run_overrides, shared_model,
+from rlvr.bench.common import (machine, markdown_table, run_overrides, shared_model,
                                   targets_table, train_run, write_results)
-from learner.bench.reduce import (combine_seeds, default_target_acc, efficiency_targets,
+from rlvr.bench.reduce import (combine_seeds, default_target_acc, efficiency_targets,
                                   reductions, run_efficiency)
 from learner.run_log import read_metrics
 
@@ -55,7 +55,7 @@ def run(config: str, out_dir: Path, overrides: list[str], steps: int | None, see
         "runs": {name: [str(d) for d in dirs] for name, dirs in runs.items()},
         "launches": launches,
     })
-    from learner.bench.plots import plot_efficiency  # matplotlib: only when plotting
+    from rlvr.bench.plots import plot_efficiency  # matplotlib: only when plotting
 
     results["plots"] = [str(p) for p in plot_efficiency(rows, results, out_dir)]
     write_results(out_dir, results)

@@ -1,6 +1,6 @@
 """What every `rlvr bench` shares: run a training run as a user does, write results, print.
 
-Training runs go through the launcher `rlvr train` uses (`learner.launch.train`: learner and
+Training runs go through the launcher `rlvr train` uses (`rlvr.launch.train`: learner and
 actor processes on this machine), one at a time, into `<out>/runs/<name>/`, with wandb off and
 no progress line. Beside each run the bench writes `bench_args.json` (the config path and
 overrides it ran with). Running the bench again reuses a finished run whose arguments are the
@@ -44,7 +44,7 @@ def shared_model(cfg) -> list[str]:
     when the config names its model."""
     if cfg.model.path:
         return []
-    from learner.warm_start import ensure_warm_start
+    from rlvr.warm_start import ensure_warm_start
 
     return [f"model.path={ensure_warm_start(cfg, lambda line: print(line, flush=True))}"]
 
@@ -54,7 +54,7 @@ def train_run(config: str, out_dir: Path, name: str, overrides: list[str]) -> tu
     went: seconds (process start-up and any warm start included) and the machine's 1-minute
     load average before and after (another workload on the cores skews every timing); a reused
     run's are those of its launch, with "reused": True."""
-    from learner.launch import train
+    from rlvr.launch import train
     from protocol.config import load_config
 
     runs = out_dir / "runs"

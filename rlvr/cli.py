@@ -29,7 +29,7 @@ def _train(args) -> int:
         return 0
     if not args.config and not args.resume:
         raise SystemExit("rlvr train: give a CONFIG path, or --resume RUN_DIR")
-    from learner.launch import train
+    from rlvr.launch import train
 
     return train(args.config, args.overrides, args.resume, args.dry_run)
 
@@ -100,7 +100,7 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--force", action="store_true", help="replace keys already in DIR")
     k.set_defaults(func=_keys)
 
-    from learner.bench.cli import add_cli as add_bench_cli
+    from rlvr.bench.cli import add_cli as add_bench_cli
 
     add_bench_cli(sub)  # rlvr bench efficiency|throughput|weights|transport
     return ap

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from actors.tasks import Problem
+from tasks.arithmetic import Problem
 
 
 class DatasetError(ValueError):

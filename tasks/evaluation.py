@@ -1,6 +1,7 @@
 """Held-out evaluation: k samples per held-out prompt, eval/avg@k and eval/pass@k (ALGORITHMS.md 10).
 
-Runs inside the learner on its own weights (the same HF sampling code the actors use), so a
+`evaluate` samples with any engine that has the actors' `generate` signature. The learner passes
+`tasks.sampling.HFSampler` around its own weights (the sampler the actors' HF engine uses), so a
 number logged at step s is the policy of step s, whatever the actors hold at that moment.
 """
 
@@ -8,19 +9,15 @@ from __future__ import annotations
 
 import time
 
-from actors.engines.hf import HFEngine
-from actors.prompts import prompt_token_ids
-from actors.tasks import Problem
-from actors.verifier import Verifier
-from learner.eval_math import pass_at_k
+from tasks.arithmetic import Problem
+from tasks.eval_math import pass_at_k
+from tasks.prompts import prompt_token_ids
+from tasks.verifier import Verifier
 
 
-def evaluate(model, tokenizer, problems: list[Problem], verifier: Verifier, k: int,
+def evaluate(engine, tokenizer, problems: list[Problem], verifier: Verifier, k: int,
              max_new_tokens: int, temperature: float, template: str) -> dict:
     t0 = time.time()
-    was_training = model.training
-    model.eval()
-    engine = HFEngine(model)
     prompts = [prompt_token_ids(tokenizer, p.question, template) for p in problems]
     outs = engine.generate(prompts, [k] * len(prompts), max_new_tokens, temperature)
     texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for cs in outs for c in cs]
@@ -31,8 +28,6 @@ def evaluate(model, tokenizer, problems: list[Problem], verifier: Verifier, k: i
     greedy = engine.generate(prompts, [1] * len(prompts), max_new_tokens, temperature=0.0)
     greedy_ok = verifier.score([tokenizer.decode(cs[0].token_ids, skip_special_tokens=True)
                                 for cs in greedy], [p.answer for p in problems])
-    if was_training:
-        model.train()
     metrics = {
         f"eval/avg@{k}": sum(correct) / (k * len(problems)),
         f"eval/pass@{k}": sum(pass_at_k(k, c, k) for c in correct) / len(problems),

@@ -1,4 +1,4 @@
-"""`rlvr bench ...`: the command line of the benchmarks (wired into learner/cli.py).
+"""`rlvr bench ...`: the command line of the benchmarks (wired into rlvr/cli.py).
 
     rlvr bench efficiency CONFIG [--seeds K] [--algorithms a,b] [--target-acc X]
     rlvr bench throughput CONFIG [--modes sync,async_s2,...] [--skip-first S]
@@ -16,7 +16,7 @@ from pathlib import Path
 
 def bench(args) -> int:
     """Run the benchmark `args.kind`; 1 when a run failed or a run folder is in the way."""
-    from learner.bench.common import BenchError
+    from rlvr.bench.common import BenchError
 
     # `rlvr bench weights a.b=1`: with CONFIG optional, argparse takes the override for it
     if args.config and "=" in args.config:
@@ -28,23 +28,23 @@ def bench(args) -> int:
     try:
         match args.kind:
             case "efficiency":
-                from learner.bench import efficiency
+                from rlvr.bench import efficiency
 
                 efficiency.run(args.config, out, overrides, args.steps, args.seeds,
                                _names(args.algorithms), args.target_acc)
             case "throughput":
-                from learner.bench import throughput
+                from rlvr.bench import throughput
 
                 throughput.run(args.config, out, overrides, args.steps, _names(args.modes),
                                args.skip_first)
             case "weights":
-                from learner.bench import weights
+                from rlvr.bench import weights
 
                 weights.run(args.config, out, _with_steps(overrides, args.steps),
                             [int(mb) for mb in _names(args.big_mb) if int(mb) > 0], args.rounds,
                             args.receivers)
             case "transport":
-                from learner.bench import transport
+                from rlvr.bench import transport
 
                 transport.run(args.config, out, _with_steps(overrides, args.steps),
                               args.messages, args.step_s)
@@ -56,7 +56,7 @@ def bench(args) -> int:
 
 def _check_bench_args(args) -> None:
     """Refuse unknown algorithm and mode names and empty sweeps before any run starts."""
-    from learner.bench.throughput import MODES
+    from rlvr.bench.throughput import MODES
     from protocol.presets import ALGORITHMS
 
     def refuse(what: str) -> None:
@@ -89,8 +89,8 @@ def _with_steps(overrides: list[str], steps: int | None) -> list[str]:
 
 def add_cli(sub) -> None:
     """Add `bench` and its four kinds to the `rlvr` subcommands."""
-    from learner.bench.efficiency import ALGORITHMS as BENCHED
-    from learner.bench.throughput import MODES
+    from rlvr.bench.efficiency import ALGORITHMS as BENCHED
+    from rlvr.bench.throughput import MODES
 
     b = sub.add_parser("bench", help="benchmarks: efficiency, throughput, weights, transport")
     kinds = b.add_subparsers(dest="kind", required=True)

@@ -22,8 +22,8 @@ import multiprocessing as mp
 import time
 from pathlib import Path
 
-from learner.bench.common import machine, markdown_table, targets_table, write_results
-from learner.bench.reduce import gb_per_s, ratio, target, timed_rounds
+from rlvr.bench.common import machine, markdown_table, targets_table, write_results
+from rlvr.bench.reduce import gb_per_s, ratio, target, timed_rounds
 
 HOST = "127.0.0.1"
 
@@ -40,7 +40,7 @@ def model_layout(cfg) -> list[tuple[str, tuple[int, ...], str]]:
 
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.model.path))
         else:
-            from actors.tiny_model import build_model, build_tokenizer
+            from tasks.tiny_model import build_model, build_tokenizer
 
             m = cfg.model
             model = build_model(build_tokenizer(), m.hidden, m.layers, m.heads, m.ffn)
@@ -84,7 +84,7 @@ def _receiver(port: int, rank: int, world: int, payloads, rounds: int, bucket_by
 
 def _broadcast_times(payloads, receivers: int, rounds: int, bucket_bytes: int, threads: int,
                      timeout_s: float) -> dict[str, list[float]]:
-    from learner.launch import free_port
+    from rlvr.launch import free_port
     from protocol.weights import WeightGroup
 
     ctx = mp.get_context("spawn")

@@ -31,7 +31,7 @@ def resolve(cfg: Config, log=print) -> Config:
         if cfg.task.kind != "arithmetic":
             raise ConfigError("model.path is required unless task.kind is 'arithmetic' "
                               "(the embedded tiny model is warm-started on that task)")
-        from learner.warm_start import ensure_warm_start
+        from rlvr.warm_start import ensure_warm_start
 
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(
             cfg.model, path=str(ensure_warm_start(cfg, log))))
