@@ -1,26 +1,124 @@
-"""The HF engine's behaviour log-probs are those of the model it samples from, and `pack` lines
-them up with the learner's forward pass, so an on-policy ratio is exactly 1."""
+"""The HF engine's decode loop: behaviour log-probs are those of a full forward pass of the same
+weights, whatever requests come and go around a row; every token is tagged with the version of
+the weights that sampled it; `pack` lines the log-probs up with the learner's forward pass."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from actors.engines.hf import HFEngine
-from tasks.prompts import prompt_token_ids
-from tasks.tiny_model import build_model, build_tokenizer
+from actors.engines.hf import HFEngine, sample_tokens
 from learner.batch import Row, pack
 from learner.update import token_logp
+from tasks.prompts import prompt_token_ids
+from tasks.tiny_model import build_model, build_tokenizer
 
 
-def tiny():
+def tiny(seed: int = 1):
     tok = build_tokenizer()
-    model = build_model(tok, hidden=32, layers=1, heads=2, ffn=64, seed=1).eval()
+    model = build_model(tok, hidden=32, layers=2, heads=2, ffn=64, seed=seed).eval()
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
     return tok, model
 
 
-def test_sampled_logprobs_match_a_full_forward_pass_of_the_same_weights():
+def full_forward_logp(model, prompt: list[int], response: list[int], temperature: float):
+    """log softmax(logits / T) of each response token, from one uncached forward pass."""
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_cached_decode_logprobs_match_a_full_forward_while_requests_come_and_go(temperature):
+    tok, model = tiny()
+    prompts = [prompt_token_ids(tok, q) for q in ["1+2=", "47+385=", "9-3=", "123+4567="]]
+    engine = HFEngine(model, max_batch=5)  # fewer rows than requests: some wait for a free row
+    torch.manual_seed(0)
+    owner, done, aborted = {}, {}, []
+    for step in range(80):
+        if step % 3 == 0 and len(owner) < 12:  # a new request every third step
+            rid = len(owner)
+            owner[rid] = prompts[rid % 4]
+            engine.add(rid, owner[rid], max_new_tokens=12, temperature=temperature)
+        if step == 7:
+            aborted = engine.abort([1, 2])
+        done.update((f.request_id, f) for f in engine.step())
+    assert engine.unfinished() == 0
+    assert sorted(a.request_id for a in aborted) == [1, 2]
+    assert sorted(done) == [r for r in range(12) if r not in (1, 2)]
+    for rid, f in done.items():
+        assert len(f.token_ids) == len(f.logprobs) <= 12
+        ref = full_forward_logp(model, owner[rid], f.token_ids, temperature)
+        assert (torch.tensor(f.logprobs) - ref).abs().max() < 1e-5, rid
+
+
+def test_tokens_sampled_after_a_weight_update_carry_the_new_version():
+    tok, model = tiny()
+    prompt = prompt_token_ids(tok, "47+385=")
+    engine = HFEngine(model)
+    torch.manual_seed(0)
+    engine.add(0, prompt, max_new_tokens=10)
+    for _ in range(4):
+        assert engine.step() == []
+    _, new_model = tiny(seed=2)
+    with torch.no_grad():  # the broadcast writes into the live parameters between two steps
+        for (_, p), (_, q) in zip(engine.weight_targets(), new_model.named_parameters()):
+            p.copy_(q)
+    engine.commit_weights()
+    engine.policy_version = 1
+    done = []
+    while engine.unfinished():
+        done += engine.step()
+    f = done[0]
+    assert f.version_runs[0] == (0, 4) and f.version_runs[1][0] == 1
+    assert sum(n for _, n in f.version_runs) == len(f.token_ids)
+    # the first four tokens were sampled with the old weights: their log-probs are the old ones
+    _, old_model = tiny()
+    ref = full_forward_logp(old_model, prompt, f.token_ids, 1.0)
+    assert (torch.tensor(f.logprobs[:4]) - ref[:4]).abs().max() < 1e-5
+    assert (torch.tensor(f.logprobs[4:]) - ref[4:]).abs().max() > 1e-3  # the rest: new weights
+
+
+def test_requests_stop_at_eos_or_are_marked_truncated():
+    tok, model = tiny()
+    engine = HFEngine(model)
+    outs = engine.generate([prompt_token_ids(tok, "5+5=")], [16], max_new_tokens=3)
+    for c in outs[0]:
+        assert len(c.token_ids) == len(c.logprobs) <= 3
+        ends_with_eos = c.token_ids[-1] == tok.eos_token_id
+        assert c.truncated == (not ends_with_eos)
+        assert tok.eos_token_id not in c.token_ids[:-1]
+
+
+def test_abort_reports_the_tokens_generated_and_frees_the_row():
+    tok, model = tiny()
+    engine = HFEngine(model, max_batch=1)
+    p = prompt_token_ids(tok, "1+1=")
+    engine.add(0, p, max_new_tokens=50)
+    engine.add(1, p, max_new_tokens=50)
+    engine.step()
+    engine.step()
+    assert engine.running() == [0]  # request 1 waits for the one row
+    (gone,) = engine.abort([0])
+    assert gone.request_id == 0 and gone.tokens == 2
+    engine.step()
+    assert engine.running() == [1]
+    assert engine.abort([7]) == []
+
+
+def test_greedy_rows_take_the_argmax_and_top_p_keeps_only_the_nucleus():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 0.0], [0.0, 0.0, 9.0]])
+    torch.manual_seed(0)
+    for _ in range(20):
+        tokens, logp = sample_tokens(logits, torch.tensor([0.0, 1.0, 1.0]),
+                                     torch.tensor([1.0, 0.5, 1.0]))
+        assert tokens[0] == 1 and tokens[1] == 0  # row 1: token 0 alone holds > half the mass
+    assert torch.allclose(logp[0], torch.log_softmax(logits[0], -1)[1])
+
+
+def test_pack_lines_engine_logprobs_up_with_the_learner_forward():
     tok, model = tiny()
     prompts = [prompt_token_ids(tok, q) for q in ["1+2=", "47+385=", "9-3="]]
     torch.manual_seed(0)
@@ -30,18 +128,7 @@ def test_sampled_logprobs_match_a_full_forward_pass_of_the_same_weights():
     packed = pack(rows, tok.pad_token_id)
     with torch.no_grad():
         logp, _ = token_logp(model, packed)
-    gap = ((logp - packed.behav_logp) * packed.mask).abs().max()
-    assert gap < 1e-4
-
-
-def test_completions_stop_at_eos_or_are_marked_truncated():
-    tok, model = tiny()
-    outs = HFEngine(model).generate([prompt_token_ids(tok, "5+5=")], [16], max_new_tokens=3)
-    for c in outs[0]:
-        assert len(c.token_ids) == len(c.logprobs) <= 3
-        ends_with_eos = c.token_ids[-1] == tok.eos_token_id
-        assert c.truncated == (not ends_with_eos)
-        assert tok.eos_token_id not in c.token_ids[:-1]
+    assert ((logp - packed.behav_logp) * packed.mask).abs().max() < 1e-5
 
 
 def test_pack_marks_exactly_the_response_targets():

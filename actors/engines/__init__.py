@@ -1,22 +1,71 @@
-"""Generation engines behind one small Protocol.
+"""Generation engines behind one small step-level Protocol.
 
-`hf.HFEngine` (Hugging Face transformers, CPU or GPU) is the tested path; `vllm.VLLMEngine` is the
-GPU production path and is imported only when selected, so vLLM is never needed on CPU machines.
+An engine decodes requests step by step: one request is one sample, added at any step, aborted
+at any time, with weights updatable between two steps. `hf.HFEngine` (Hugging Face
+transformers with its own KV-cache decode loop, CPU or GPU) is the tested path; `vllm.VLLMEngine`
+is the production path and is imported only when selected.
+
+Every finished request carries, per token, its behaviour log-prob and the policy version of the
+weights that produced it, as runs of (version, tokens): a response that crossed a weight update
+in `actors.inflight_update: continue` has two runs or more.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from tasks.sampling import Completion
 
 
+@dataclass(frozen=True)
+class Finished:
+    """A request that ended: at an eos (kept as its last token) or at max_new_tokens."""
+
+    request_id: int
+    token_ids: list[int]
+    logprobs: list[float]
+    version_runs: list[tuple[int, int]]  # (policy version, consecutive tokens), oldest first
+    truncated: bool
+    compute_s: float = 0.0  # this request's share of the engine's decode time
+
+
+@dataclass(frozen=True)
+class Aborted:
+    """A request stopped before it finished: how much it had generated (never trained on)."""
+
+    request_id: int
+    tokens: int
+    compute_s: float = 0.0
+
+
 class Engine(Protocol):
-    def generate(self, prompts: list[list[int]], n: list[int], max_new_tokens: int,
-                 temperature: float = 1.0, top_p: float = 1.0) -> list[list[Completion]]:
-        """Sample n[i] completions of prompts[i]; one list of completions per prompt."""
+    policy_version: int
+    """Version of the weights in the engine now; every token sampled is tagged with it."""
+
+    def add(self, request_id: int, prompt_token_ids: list[int], max_new_tokens: int,
+            temperature: float = 1.0, top_p: float = 1.0) -> None:
+        """Queue one sample of this prompt; it starts at the next `step(admit=True)`."""
+        ...
+
+    def step(self, admit: bool = True) -> list[Finished]:
+        """Decode one token for every running request (and start queued ones if `admit`);
+        returns the requests that finished in this step."""
+        ...
+
+    def abort(self, request_ids: Iterable[int]) -> list[Aborted]:
+        """Stop these requests (running or queued); unknown or finished ids are ignored."""
+        ...
+
+    def running(self) -> list[int]:
+        """Requests that have started decoding."""
+        ...
+
+    def unfinished(self) -> int:
+        """Requests running or queued."""
         ...
 
     def weight_targets(self) -> list[tuple[str, torch.Tensor]]:
@@ -35,10 +84,29 @@ def make_engine(kind: str, model_path: str, **kw) -> Engine:
             from actors.engines.hf import HFEngine
             return HFEngine.load(model_path, **kw)
         case "vllm":
-            from actors.engines.vllm import VLLMEngine  # GPU only; import-guarded there
+            from actors.engines.vllm import VLLMEngine  # import-guarded there
             return VLLMEngine(model_path, **kw)
         case _:
             raise ValueError(f"unknown engine {kind!r}; expected 'hf' or 'vllm'")
+
+
+def generate_all(engine: Engine, prompts: list[list[int]], n: list[int], max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0) -> list[list[Completion]]:
+    """n[i] completions of prompts[i], every request run to its end (benchmarks, checks).
+    Request ids 0.. are used: call it on an engine with nothing else in flight."""
+    owner = {}
+    for i, k in enumerate(n):
+        for _ in range(k):
+            owner[len(owner)] = i
+            engine.add(len(owner) - 1, prompts[i], max_new_tokens, temperature, top_p)
+    done: dict[int, Finished] = {}
+    while engine.unfinished():
+        done.update((f.request_id, f) for f in engine.step())
+    out: list[list[Completion]] = [[] for _ in prompts]
+    for rid in sorted(done):
+        f = done[rid]
+        out[owner[rid]].append(Completion(f.token_ids, f.logprobs, f.truncated))
+    return out
 
 
 def named_tensors(pairs: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:

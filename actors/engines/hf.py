@@ -1,19 +1,82 @@
-"""Hugging Face transformers generation engine (CPU, or one GPU).
+"""Hugging Face transformers engine with its own KV-cache decode loop (CPU, or one GPU).
 
-Sampling is `tasks.sampling.HFSampler` (batched `model.generate` with the KV cache and the
-behaviour log-prob of every token); this engine adds loading and weight updates: the learner's
-broadcast writes straight into the model's parameters, so there is nothing to commit.
+What: one request is one sample. Requests can be added before any decode step and aborted at
+any time; `step()` decodes one token for every running request and returns the requests that
+finished. Every token records the policy version of the weights that produced it and its
+behaviour log-prob under softmax(logits / temperature), before top-p, as tasks/sampling.py does
+(at the default top_p = 1 that is exactly the sampling distribution).
+
+Why its own loop and not `model.generate`: `generate` runs a fixed batch to the end, so a weight
+sync, a prompt's next stage or the abort of a sample whose sibling is already correct would all
+wait for the slowest sequence of the batch. Here each of those happens between two decode steps.
+
+How the batch is kept (`actors/engines/kv_rows.py`): the running rows share one KV cache of
+width L, each row's tokens right-aligned and its left padding masked out. New requests are
+prefilled together and joined to the batch (the narrower side padded on the left); finished and
+aborted rows are dropped, and columns no live row uses are trimmed, so L stays the longest live
+row. A row's positions count its own tokens only, so its log-probs do not depend on the other
+rows (tests/test_hf_engine.py checks them against one full forward pass within 1e-5).
+
+Weights: the learner's broadcast writes straight into the model's parameters between two
+`step()` calls (nothing to commit). The cache keeps the keys and values computed under the old
+weights, as vLLM's KV cache does, and each token's log-prob is the one it was sampled with.
+
+    engine = HFEngine.load("runs/demo/checkpoints/step_200/hf")
+    engine.add(0, prompt_ids, max_new_tokens=8)
+    while engine.unfinished():
+        for done in engine.step(): print(done.token_ids, done.version_runs)
 """
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
 import torch
 from transformers import AutoModelForCausalLM
 
-from tasks.sampling import HFSampler
+from actors.engines import Aborted, Finished, generate_all
+from actors.engines.kv_rows import KVRows
 
 
-class HFEngine(HFSampler):
+@dataclass
+class _Request:
+    request_id: int
+    prompt: list[int]
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    version_runs: list[tuple[int, int]] = field(default_factory=list)  # (version, tokens)
+    compute_s: float = 0.0  # this request's share of the decode steps it took part in
+
+    def append(self, token: int, logprob: float, version: int) -> None:
+        self.tokens.append(token)
+        self.logprobs.append(logprob)
+        if self.version_runs and self.version_runs[-1][0] == version:
+            self.version_runs[-1] = (version, self.version_runs[-1][1] + 1)
+        else:
+            self.version_runs.append((version, 1))
+
+
+class HFEngine:
+    def __init__(self, model, max_batch: int = 512):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.pad_token_id = model.generation_config.pad_token_id
+        eos = model.generation_config.eos_token_id
+        self.eos_ids = set(eos) if isinstance(eos, (list, tuple)) else {eos}  # Qwen: a list
+        self.max_batch = max_batch
+        self.policy_version = 0
+        """Version of the weights in the model now: every token sampled is tagged with it."""
+        self._waiting: OrderedDict[int, _Request] = OrderedDict()
+        self._rows: list[_Request] = []  # running requests, in the order of the cache's rows
+        self._kv = KVRows()
+        self._last: torch.Tensor | None = None  # (B,) sampled token of each row, not yet cached
+
     @classmethod
     def load(cls, model_path: str, device: str = "cpu", dtype: str = "float32",
              max_batch: int = 512) -> "HFEngine":
@@ -22,8 +85,114 @@ class HFEngine(HFSampler):
         model.requires_grad_(False)
         return cls(model, max_batch)
 
+    # -- requests -----------------------------------------------------------------------------
+    def add(self, request_id: int, prompt_token_ids: list[int], max_new_tokens: int,
+            temperature: float = 1.0, top_p: float = 1.0) -> None:
+        if request_id in self._waiting or any(r.request_id == request_id for r in self._rows):
+            raise ValueError(f"request {request_id} is already in the engine")
+        if max_new_tokens < 1 or not prompt_token_ids:
+            raise ValueError(f"request {request_id}: need a prompt and max_new_tokens >= 1")
+        self._waiting[request_id] = _Request(request_id, list(prompt_token_ids), max_new_tokens,
+                                             temperature, top_p)
+
+    def running(self) -> list[int]:
+        """Requests that have started decoding (their tokens so far were sampled)."""
+        return [r.request_id for r in self._rows]
+
+    def unfinished(self) -> int:
+        return len(self._rows) + len(self._waiting)
+
+    def abort(self, request_ids: Iterable[int]) -> list[Aborted]:
+        """Stop these requests now; returns what each had generated (unknown ids: ignored)."""
+        ids = set(request_ids)
+        out = [Aborted(r.request_id, len(r.tokens), r.compute_s)
+               for r in self._waiting.values() if r.request_id in ids]
+        for a in out:
+            del self._waiting[a.request_id]
+        keep = [i for i, r in enumerate(self._rows) if r.request_id not in ids]
+        if len(keep) < len(self._rows):
+            out += [Aborted(r.request_id, len(r.tokens), r.compute_s)
+                    for r in self._rows if r.request_id in ids]
+            self._keep_rows(keep)
+        return out
+
+    # -- decoding -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self, admit: bool = True) -> list[Finished]:
+        """One decode step: a token for every running request, and (with `admit`) the first
+        token of waiting requests that fit in `max_batch`. Returns the requests that finished."""
+        if self._rows:
+            t0 = time.perf_counter()
+            logits = self._kv.decode(self.model, self._last)                    # (B, V)
+            self._last = self._sample_into(self._rows, logits, time.perf_counter() - t0)
+        if admit and self._waiting and len(self._rows) < self.max_batch:
+            new = [self._waiting.popitem(last=False)[1]
+                   for _ in range(min(len(self._waiting), self.max_batch - len(self._rows)))]
+            t0 = time.perf_counter()
+            kv, logits = KVRows.prefill(self.model, [r.prompt for r in new], self.pad_token_id)
+            last = self._sample_into(new, logits, time.perf_counter() - t0)
+            self._kv.join(kv)
+            self._rows += new
+            self._last = last if self._last is None else torch.cat([self._last, last])
+        return self._collect_finished()
+
+    def _sample_into(self, rows: list[_Request], logits: torch.Tensor,
+                     seconds: float) -> torch.Tensor:
+        """Sample one token per row from `logits` (n, V), record it; returns the tokens (n,)."""
+        temps = torch.tensor([r.temperature for r in rows], device=logits.device)
+        top_ps = torch.tensor([r.top_p for r in rows], device=logits.device)
+        tokens, logp = sample_tokens(logits, temps, top_ps)
+        for r, tok, lp in zip(rows, tokens.tolist(), logp.tolist()):
+            r.append(tok, lp, self.policy_version)
+            r.compute_s += seconds / len(rows)
+        return tokens
+
+    def _collect_finished(self) -> list[Finished]:
+        done, keep = [], []
+        for i, r in enumerate(self._rows):
+            eos = r.tokens[-1] in self.eos_ids
+            if eos or len(r.tokens) >= r.max_new_tokens:
+                done.append(Finished(r.request_id, r.tokens, r.logprobs, r.version_runs,
+                                     truncated=not eos, compute_s=r.compute_s))
+            else:
+                keep.append(i)
+        if done:
+            self._keep_rows(keep)
+        return done
+
+    def _keep_rows(self, keep: list[int]) -> None:
+        self._rows = [self._rows[i] for i in keep]
+        self._kv.select(keep)
+        self._last = self._last[keep] if keep else None
+
+    # -- weights ------------------------------------------------------------------------------
     def weight_targets(self) -> list[tuple[str, torch.Tensor]]:
         return list(self.model.named_parameters())
 
     def commit_weights(self) -> None:
         pass  # the broadcast wrote straight into the parameters
+
+    def generate(self, prompts: list[list[int]], n: list[int], max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0):
+        """n[i] completions of prompts[i], run to the end (benchmarks, smoke checks)."""
+        return generate_all(self, prompts, n, max_new_tokens, temperature, top_p)
+
+
+def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor,
+                  top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of `logits` (n, V) and its log-prob under softmax(logits / T).
+
+    temperature (n,): 0 = greedy (log-prob then under the temperature-1 softmax, as
+    tasks/sampling.py). top_p (n,): nucleus sampling; the log-prob stays the pre-top-p one."""
+    greedy = temperature <= 0
+    scaled = logits.float() / torch.where(greedy, 1.0, temperature)[:, None]  # (n, V)
+    logp_all = torch.log_softmax(scaled, dim=-1)                              # (n, V)
+    weights = logp_all.exp()
+    if bool((top_p < 1).any()):
+        sorted_p, order = weights.sort(dim=-1, descending=True)
+        # drop a token once the mass before it already reaches top_p (the first always stays)
+        drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p[:, None]
+        weights = weights.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+    tokens = torch.multinomial(weights, 1)[:, 0]                               # (n,)
+    tokens = torch.where(greedy, logits.argmax(-1), tokens)
+    return tokens, logp_all.gather(-1, tokens[:, None])[:, 0]
