@@ -1,0 +1,51 @@
+"""The verifier runs beside the decode loop: a slow verdict never blocks the caller, and every
+response put in comes back once, with its key, scored by the real verifier child process."""
+
+from __future__ import annotations
+
+import time
+
+from actors.verify_queue import VerifyQueue
+from tasks.verifier import Verifier
+
+
+def sleepy_check(boxed: str, answer: str) -> bool:
+    """Runs in the verifier's child: 0.5 s per item, then a plain comparison."""
+    time.sleep(0.5)
+    return boxed == answer + "!"
+
+
+def test_verdicts_come_back_by_key_without_blocking_the_caller():
+    with Verifier(timeout_s=5.0, check=sleepy_check) as verifier:
+        q = VerifyQueue(verifier)
+        try:
+            q.put("a", "\\boxed{7!}", "7")  # reaches the child (not the verbatim fast path)
+            q.put("b", "\\boxed{8}", "7")
+            q.put("c", "no box", "7")
+            t0 = time.monotonic()
+            assert q.results() == [] and q.pending == 3  # 0.5 s per item in the child
+            assert time.monotonic() - t0 < 0.1  # the caller went on while the child worked
+            got = {}
+            deadline = time.monotonic() + 30
+            while len(got) < 3 and time.monotonic() < deadline:
+                got.update(q.results(wait_s=0.2))
+            assert got == {"a": True, "b": False, "c": False}
+            assert q.pending == 0
+        finally:
+            q.close()
+
+
+def test_math_verify_verdicts_through_the_queue():
+    with Verifier() as verifier:
+        q = VerifyQueue(verifier)
+        try:
+            for key, (text, answer) in enumerate([("\\boxed{1/2}", "0.5"), ("\\boxed{85}", "85"),
+                                                   ("\\boxed{86}", "85")]):
+                q.put(key, text, answer)
+            got = {}
+            deadline = time.monotonic() + 60
+            while len(got) < 3 and time.monotonic() < deadline:
+                got.update(q.results(wait_s=0.5))
+            assert got == {0: True, 1: True, 2: False}
+        finally:
+            q.close()
