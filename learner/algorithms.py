@@ -29,7 +29,7 @@ from learner.reuse import ReuseBuffer, ReuseEntry, reuse_into_group
 from learner.staleness import staleness_summary, staleness_weight
 from learner.update import ContrastGroup, LossRow
 from protocol.config import Config
-from protocol.messages import Group
+from protocol.messages import Group, version_runs
 
 _HIST_BINS = 64  # staleness histogram bins past which values share the overflow bin
 
@@ -85,6 +85,7 @@ class Member:
     fresh: bool = True
     in_loss: bool = True
     behav_weight: bool = True
+    version_runs: list[tuple[int, int]] = field(default_factory=list)  # (version, tokens)
 
 
 @dataclass
@@ -110,6 +111,7 @@ class Tally:
     strata: Counter = field(default_factory=Counter)
     rescue_rounds: Counter = field(default_factory=Counter)
     fresh_stale: list[tuple[int, int]] = field(default_factory=list)  # (staleness, tokens)
+    oldest_stale: list[int] = field(default_factory=list)  # per fresh response, oldest token
 
 
 def build_step(groups: list[Group], state: AlgorithmState, cfg: Config, version: int, step: int,
@@ -121,7 +123,8 @@ def build_step(groups: list[Group], state: AlgorithmState, cfg: Config, version:
         members = [Member(s.token_ids, s.logprobs, s.policy_version,
                           shaped_reward(s.acc, len(s.token_ids), cfg.dapo,
                                         cfg.rollout.max_new_tokens), s.acc,
-                          in_loss=not (cfg.dapo.overlong == "filter" and s.truncated))
+                          in_loss=not (cfg.dapo.overlong == "filter" and s.truncated),
+                          version_runs=version_runs(s))
                    for s in g.samples]
         if cfg.ar3po.reuse_mode != "off":
             _reuse(g, members, state, cfg, version, step, tally)
@@ -135,6 +138,8 @@ def build_step(groups: list[Group], state: AlgorithmState, cfg: Config, version:
     batch.metrics.update(staleness_summary([v for v, _ in tally.fresh_stale],
                                            min(cfg.staleness_bound, _HIST_BINS),
                                            weights=[w for _, w in tally.fresh_stale]))
+    # the bound (8.2) applies to a response's oldest token, which is at least as stale
+    batch.metrics["stale/oldest_token_max"] = float(max(tally.oldest_stale, default=0))
     return batch
 
 
@@ -212,7 +217,9 @@ def _to_loss(g: Group, kept: list[Member], adv: list[float], cfg: Config, versio
                                   behav_weight=m.behav_weight))
         tally.n["train_reward"] += m.reward
         if m.fresh:  # reused responses are exempt from the staleness rules and stats (8.4)
-            tally.fresh_stale.append((version - m.policy_version, len(m.token_ids)))
+            # stale/* count tokens, each at the version that sampled it (8.1, section 9)
+            tally.fresh_stale += [(version - v, n) for v, n in m.version_runs]
+            tally.oldest_stale.append(version - m.policy_version)
 
 
 def _frac(num: float, den: float) -> float:

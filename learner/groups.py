@@ -15,7 +15,7 @@ import numpy as np
 from learner.advantages import drgrpo_advantages, grpo_advantages, rloo_advantages
 from learner.staleness import staleness_weight
 from protocol.config import LossConfig
-from protocol.messages import Group
+from protocol.messages import Group, version_runs
 
 
 def group_advantages(rewards: list[float], loss_cfg: LossConfig) -> list[float]:
@@ -43,8 +43,11 @@ def group_metrics(groups: list[Group]) -> dict:
     lengths = np.array([len(s.token_ids) for s in samples]) if samples else np.zeros(1)
     accs = [[s.acc for s in g.samples] for g in groups]
     n = max(len(groups), 1)
-    gen_tokens = float(lengths.sum())
+    aborted_tokens = sum(g.aborted_tokens for g in groups)
+    # aborted partial responses were generated too (never trained on)
+    gen_tokens = float(lengths.sum()) + aborted_tokens if samples else float(aborted_tokens)
     gen_time = sum(g.gen_time_s for g in groups)
+    spreads = [runs[-1][0] - runs[0][0] for runs in map(version_runs, samples)]
     return {
         "gen/responses_per_prompt": len(samples) / n,
         "gen/responses_per_step": len(samples),
@@ -62,7 +65,13 @@ def group_metrics(groups: list[Group]) -> dict:
         # actor-seconds spent sampling and scoring these groups (each group carries its share of
         # its work item's time): `rlvr bench throughput` divides the sum by wall time x actors
         "perf/actor_gen_s": gen_time,
-        "gen/tokens": int(lengths.sum()) if samples else 0,
+        "gen/tokens": int(gen_tokens),
+        "gen/aborted_tokens": aborted_tokens,
+        "gen/aborted_samples": sum(g.aborted_samples for g in groups),
+        "gen/tokens_saved_first_correct": sum(g.saved_tokens_est for g in groups),
+        # versions inside one response: > 0 when it was decoded across a weight update (8.1)
+        "gen/version_spread_max": max(spreads, default=0),
+        "gen/version_spread_mean": float(np.mean(spreads)) if spreads else 0.0,
         "gen/policy_version_min": min((s.policy_version for s in samples), default=0),
         "gen/policy_version_max": max((s.policy_version for s in samples), default=0),
         "actors/groups_by_actor": groups_by_actor(groups),

@@ -94,6 +94,7 @@ class Learner:
         self.weight_store = host_store(cfg.net.learner_host, cfg.net.weights_port,
                                        cfg.weight_sync.timeout_s)
         self.weights: WeightGroup | None = None
+        self.sync_waits: list[float] = []  # learner waits of the syncs since the last step logged
         self._no_actors_since: float | None = None
         self.goldens: dict[str, list[int] | None] = {}
         self._write_processes()
@@ -138,6 +139,7 @@ class Learner:
         new_epoch = self.weights is None or coord.membership_changed
         if new_epoch:
             self._close_weight_group()
+        t0 = time.time()  # sync/learner_wait_s: from telling the actors to the last one's copy
         reached = coord.sync_weights(self.version, new_epoch)
         if new_epoch:
             announce_epoch(self.weight_store, coord.epoch, reached)
@@ -150,6 +152,7 @@ class Learner:
                                               c.weight_backend, epoch=coord.epoch,
                                               store=self.weight_store)
         publish_weights(self.engine, self.weights, c.weight_sync.bucket_mb << 20)
+        self.sync_waits.append(time.time() - t0)
 
     def _close_weight_group(self) -> None:
         if self.weights is not None:
@@ -269,6 +272,7 @@ class Learner:
         c = self.cfg
         self.coord.wait_for_actors(c.actors.count, c.weight_sync.timeout_s)
         self._publish_weights()  # the actors start from the learner's exact weights
+        self.sync_waits = []  # that first one waits for the actors to start: not a sync's cost
         t_start = time.time()
         if self.step == 0:
             self.run_log.log(0, {**self._evaluate(), "time_s": 0.0}, policy_version=0)
@@ -294,6 +298,10 @@ class Learner:
             self.version += 1
             if self._publishes():
                 metrics["timing/sync"] = self._publish_weights()
+            if self.sync_waits:  # the learner's wait in the broadcasts this step (one per sync)
+                metrics["sync/learner_wait_s"] = sum(self.sync_waits) / len(self.sync_waits)
+                metrics["sync/count"] = len(self.sync_waits)
+                self.sync_waits = []
             if self.step % c.run.eval_every == 0 or self.step == c.run.steps:
                 metrics.update(self._evaluate())
             if (c.run.checkpoint_every and self.step % c.run.checkpoint_every == 0) \

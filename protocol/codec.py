@@ -8,9 +8,11 @@
 3. schema    - typed decode into the tagged union: unknown tag ("unknown_kind"), another protocol
                version ("protocol_version"), wrong or missing fields ("bad_schema");
 4. semantics - for `Group` (the only message whose payload feeds the loss): token/logprob lengths
-               agree ("length_mismatch"), behaviour log-probs are finite and <= 1e-4
-               ("nan_logprob"), token ids lie in [0, vocab_size) ("token_out_of_vocab"), rewards
-               are finite ("bad_schema").
+               agree and per-token version runs cover the tokens ("length_mismatch"), behaviour
+               log-probs are finite and <= 1e-4 ("nan_logprob"), token ids lie in
+               [0, vocab_size) ("token_out_of_vocab"), rewards are finite, version runs start
+               at the sample's policy version and increase, counts are not negative
+               ("bad_schema").
 
 Every refusal is a `ProtocolError` with a short machine-usable `reason` (one of `REASONS`) and a
 human `detail`; nothing else ever escapes `decode`. Never pickle: pickle on a socket is remote
@@ -127,6 +129,29 @@ def check_group(group: Group, vocab_size: int | None = None) -> None:
         _check_logprobs(s.logprobs, f"{where}.logprobs")
         if not math.isfinite(s.reward):
             raise ProtocolError("bad_schema", f"{where}.reward = {s.reward!r} is not finite")
+        if s.version_runs:
+            _check_version_runs(s.version_runs, s.policy_version, len(s.token_ids), where)
+    for name in ("aborted_samples", "aborted_tokens", "saved_tokens_est"):
+        if getattr(group, name) < 0:
+            raise ProtocolError("bad_schema", f"{name} = {getattr(group, name)} < 0")
+
+
+def _check_version_runs(runs: list[tuple[int, int]], oldest: int, tokens: int,
+                        where: str) -> None:
+    """Runs of (version, tokens): counts >= 1 summing to the tokens, versions increasing from
+    the sample's policy version (the staleness rules read the oldest there)."""
+    if runs[0][0] != oldest:
+        raise ProtocolError("bad_schema", f"{where}.version_runs starts at version {runs[0][0]}, "
+                                          f"policy_version is {oldest}")
+    for (v0, _), (v1, _) in zip(runs, runs[1:]):
+        if v1 <= v0:
+            raise ProtocolError("bad_schema", f"{where}.version_runs: version {v1} after {v0}")
+    if min(n for _, n in runs) < 1:
+        raise ProtocolError("bad_schema", f"{where}.version_runs has an empty run")
+    covered = sum(n for _, n in runs)
+    if covered != tokens:
+        raise ProtocolError("length_mismatch",
+                            f"{where}: version_runs cover {covered} tokens of {tokens}")
 
 
 def _check_logprobs(logprobs: list[float], where: str) -> None:

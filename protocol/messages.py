@@ -18,7 +18,9 @@ from typing import Literal, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 2  # 2: SyncWeights names the weight group's epoch, rank and size
+PROTOCOL_VERSION = 3
+# 2: SyncWeights names the weight group's epoch, rank and size
+# 3: Sample.version_runs (per-token policy versions), Group's aborted-sample counts
 
 
 class _Message(msgspec.Struct, tag_field="kind", forbid_unknown_fields=True, frozen=True):
@@ -75,8 +77,13 @@ class Work(_Message, tag="work"):
 
 class Sample(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """One generated response. `logprobs[t]` is the behaviour log-prob of `token_ids[t]` under the
-    weights of `policy_version`; `acc` is the verifier's verdict and `reward` the scalar the
-    learner trains on before any shaping it applies itself."""
+    weights that sampled it; `acc` is the verifier's verdict and `reward` the scalar the learner
+    trains on before any shaping it applies itself.
+
+    A response decoded across a weight update (`actors.inflight_update: continue`) was sampled
+    by several policy versions: `version_runs` lists them oldest first as (version, consecutive
+    tokens), summing to len(token_ids), and `policy_version` is the oldest (its first token's),
+    which the staleness rules use. Empty `version_runs` = every token at `policy_version`."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -85,6 +92,12 @@ class Sample(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     acc: bool
     truncated: bool
     stage: int = 0  # AR3PO stage / AERO round that produced it (0 = first)
+    version_runs: list[tuple[int, int]] = []
+
+
+def version_runs(sample: Sample) -> list[tuple[int, int]]:
+    """(policy version, tokens) runs of a sample, oldest first, whichever way it was sent."""
+    return list(sample.version_runs) or [(sample.policy_version, len(sample.token_ids))]
 
 
 class Group(_Message, tag="group"):
@@ -97,6 +110,16 @@ class Group(_Message, tag="group"):
     prompt_token_ids: list[int]
     samples: list[Sample]
     gen_time_s: float = 0.0
+    aborted_samples: int = 0
+    """Samples of this prompt stopped before they finished (siblings of a first correct answer,
+    in-flight samples dropped by a weight sync under `actors.inflight_update: abort`). Never
+    sent, never trained on; their tokens count as generated."""
+    aborted_tokens: int = 0
+    """Tokens those aborted samples had generated."""
+    saved_tokens_est: int = 0
+    """Estimate of the tokens the siblings of a first correct answer would still have produced
+    had they not been aborted (per sibling: the mean length of the prompt's finished samples
+    minus what it had, at least 1)."""
 
 
 class Hello(_Message, tag="hello"):

@@ -9,6 +9,7 @@ import pytest
 from learner.algorithms import AlgorithmState, build_step
 from learner.curation import aero_select, rescue_outcome, shaped_reward
 from learner.data import allocation, rollout_spec
+from learner.groups import group_metrics
 from protocol.config import Config, build
 from protocol.messages import Group, Sample
 from protocol.presets import merge_under, preset
@@ -187,6 +188,20 @@ def test_reused_rows_are_exempt_from_staleness_stats():
     assert batch.metrics["stale/max"] == 1
 
 
+def test_stale_metrics_count_each_token_at_its_own_version_and_the_bound_reads_the_oldest():
+    cfg = config("grpo")
+    crossed = Sample(token_ids=[7] * 4, logprobs=[-0.5] * 4, policy_version=3, reward=1.0,
+                     acc=True, truncated=False, version_runs=[(3, 1), (5, 3)])
+    g = Group(protocol_version=1, policy_version=5, group_id="g", prompt_id="p", actor_id=0,
+              work_id="w", prompt_token_ids=[1], samples=[crossed, sample(False, 5, length=4)])
+    batch, _ = step(cfg, [g], version=5)
+    m = batch.metrics
+    assert m["stale/hist"][:3] == [7, 0, 1]  # 3 + 4 tokens of version 5, 1 token of version 3
+    assert m["stale/max"] == 2 and m["stale/mean"] == pytest.approx(2 / 8)
+    assert m["stale/oldest_token_max"] == 2
+    assert [r.policy_version for r in batch.rows] == [3, 5]  # the rows keep the oldest
+
+
 def test_algorithm_state_survives_a_json_round_trip():
     cfg = config("hora", "ar3po.reuse_mode=advantage_only")
     state = AlgorithmState(cfg)
@@ -229,3 +244,17 @@ def test_the_rollout_spec_carries_each_policy_to_the_actor():
     assert (aero.strategy, aero.aero_explore, aero.aero_budget, aero.aero_rescue_threshold) == \
         ("aero", 8, 8, 2)
     assert rollout_spec(config("hora")).strategy == "fixed"
+
+
+def test_generated_tokens_include_aborted_samples_and_version_spread_is_reported():
+    crossed = Sample(token_ids=[7] * 4, logprobs=[-0.5] * 4, policy_version=3, reward=1.0,
+                     acc=True, truncated=False, version_runs=[(3, 1), (5, 3)])
+    g = Group(protocol_version=1, policy_version=5, group_id="g", prompt_id="p", actor_id=0,
+              work_id="w", prompt_token_ids=[1], samples=[crossed, sample(False, 5, length=2)],
+              aborted_samples=2, aborted_tokens=5, saved_tokens_est=3)
+    m = group_metrics([g, group([True, False])])
+    assert m["gen/tokens"] == 4 + 2 + 5 + 2 * 3
+    assert m["gen/aborted_tokens"] == 5 and m["gen/aborted_samples"] == 2
+    assert m["gen/tokens_saved_first_correct"] == 3
+    assert m["gen/version_spread_max"] == 2 and m["gen/version_spread_mean"] == pytest.approx(0.5)
+    assert m["gen/responses_per_prompt"] == 2  # aborted samples are not responses

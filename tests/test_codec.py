@@ -54,6 +54,7 @@ EVERY_KIND = [
         rollout=RolloutSpec(strategy="staged", max_new_tokens=64, stage_sizes=[2, 2, 4]),
     ),
     group(sample(), sample(token_ids=(), logprobs=(), reward=0.0, acc=False, stage=1)),
+    group(sample(version_runs=[(3, 1), (4, 2)])),  # decoded across a weight update
     Hello(protocol_version=V, policy_version=0, actor_id=1, host="node-3", pid=4242),
     Heartbeat(protocol_version=V, policy_version=5, actor_id=1, busy=True),
     SyncWeights(protocol_version=V, policy_version=6, group_epoch=2, rank=1, world_size=3),
@@ -107,6 +108,11 @@ BAD_FRAMES = {
     "token_out_of_vocab/prompt": (encode(group(prompt_token_ids=(1, 100))), dict(vocab_size=100)),
     "token_out_of_vocab/negative": (encode(group(sample(token_ids=(5, -1, 7)))), {}),
     "length_mismatch": (encode(group(sample(token_ids=(5, 6), logprobs=(-1.0,)))), {}),
+    "length_mismatch/version runs": (encode(group(sample(version_runs=[(3, 1), (4, 1)]))), {}),
+    "bad_schema/runs not from policy_version": (encode(group(sample(version_runs=[(2, 3)]))), {}),
+    "bad_schema/runs going back": (encode(group(sample(version_runs=[(3, 2), (3, 1)]))), {}),
+    "bad_schema/empty run": (encode(group(sample(version_runs=[(3, 3), (4, 0)]))), {}),
+    "bad_schema/negative count": (encode(msgspec.structs.replace(group(), aborted_tokens=-1)), {}),
 }
 
 
