@@ -1,0 +1,253 @@
+"""Per-prompt rollout scheduling at the actor: a state machine, with no engine in it.
+
+The actor loop (actors/worker.py) feeds it events and carries out what it returns:
+  add_work(work)            -> the first requests of every prompt of a work item
+  finished(f)               -> the response goes to the verifier (off the decode loop)
+  verified(request_id, ok)  -> maybe: siblings to abort, the prompt's next stage, a done group
+  aborted(a, resubmit)      -> an aborted request's tokens are counted; with `resubmit` (a weight
+                               sync under `actors.inflight_update: abort`) the sample is asked
+                               for again under the new weights
+Every call returns `Actions`: requests to submit, requests to abort, responses to verify and
+prompts whose group is complete. One request is one sample.
+
+Per-prompt stages: a prompt's next stage is submitted the moment its current stage is verified,
+without waiting for the other prompts of its work item. The rollout policies (ALGORITHMS.md):
+  fixed           - one stage of `Prompt.n` samples (GRPO, DAPO, HORA's allocation, Mu-GRPO);
+  staged          - AR3PO (3.2): stage s has stage_sizes[s] samples; a prompt stops at the first
+                    stage that gives it a correct response;
+  aero            - AERO (4.4): an exploration stage of aero_explore samples, then rescue rounds
+                    of aero_rescue_step for a prompt with at most aero_rescue_threshold correct,
+                    until its first correct response, aero_max_rounds rounds or
+                    aero_max_per_prompt samples, each round paid from the work item's pooled
+                    budget (aero_budget x its prompts) when it is submitted: first come, first
+                    served, where the batch version visited the failing prompts in random order.
+
+Abort on first correct (`abort_on_first_correct`, for the stages that stop at a correct answer:
+every AR3PO stage, AERO's rescue rounds): once a prompt has a verified correct response, its
+samples still decoding in that stage are aborted. The group is the prompt's finished samples;
+so that it still has a baseline, the abort waits until at least `min_group` (2) samples have
+finished. Aborted partial responses are counted (Group.aborted_*) and never sent. With the
+switch off a stage runs all its samples, as the batch rollout did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from actors.engines import Aborted, Finished
+from protocol.messages import Prompt, RolloutSpec, Sample, Work
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    request_id: int
+    prompt_token_ids: list[int]
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+
+
+@dataclass(frozen=True)
+class PromptResult:
+    """A prompt whose group is complete: what the actor sends as a `Group`."""
+
+    work_id: str
+    prompt: Prompt
+    samples: list[Sample]
+    aborted_samples: int
+    aborted_tokens: int
+    saved_tokens_est: int
+    gen_time_s: float
+
+
+@dataclass
+class Actions:
+    submit: list[SampleRequest] = field(default_factory=list)
+    abort: list[int] = field(default_factory=list)
+    verify: list[tuple[int, list[int], str]] = field(default_factory=list)  # id, tokens, answer
+    done: list[PromptResult] = field(default_factory=list)
+
+    def merge(self, other: "Actions") -> "Actions":
+        self.submit += other.submit
+        self.abort += other.abort
+        self.verify += other.verify
+        self.done += other.done
+        return self
+
+
+@dataclass
+class _Work:
+    work: Work
+    budget: int  # AERO's pooled rescue budget left (responses)
+    open_prompts: int
+
+
+@dataclass
+class _Prompt:
+    work: _Work
+    prompt: Prompt
+    stage: int = 0
+    rounds: int = 0  # AERO rescue rounds started
+    in_flight: set[int] = field(default_factory=set)  # decoding
+    unverified: dict[int, Finished] = field(default_factory=dict)
+    samples: list[Sample] = field(default_factory=list)
+    stopping: bool = False  # a correct answer is in: no more samples in this stage or later
+    aborted_samples: int = 0
+    aborted_tokens: int = 0
+    saved_tokens_est: int = 0
+    compute_s: float = 0.0
+
+    @property
+    def spec(self) -> RolloutSpec:
+        return self.work.work.rollout
+
+    def finished_count(self) -> int:
+        return len(self.samples) + len(self.unverified)
+
+
+class RolloutScheduler:
+    def __init__(self, abort_on_first_correct: bool = False, min_group: int = 2):
+        self.abort_on_first_correct = abort_on_first_correct
+        self.min_group = min_group
+        self._next_id = 0
+        self._owner: dict[int, _Prompt] = {}  # request id -> its prompt, while in flight/unverified
+
+    # -- events -------------------------------------------------------------------------------
+    def add_work(self, work: Work) -> Actions:
+        spec = work.rollout
+        if spec.strategy not in ("fixed", "staged", "aero"):
+            raise ValueError(f"rollout strategy {spec.strategy!r} is not available in this actor")
+        w = _Work(work, spec.aero_budget * len(work.prompts), len(work.prompts))
+        acts = Actions()
+        for prompt in work.prompts:
+            acts.merge(self._start_stage(_Prompt(w, prompt), first_stage_size(spec, prompt)))
+        return acts
+
+    def finished(self, f: Finished) -> Actions:
+        p = self._owner[f.request_id]
+        p.in_flight.discard(f.request_id)
+        p.unverified[f.request_id] = f
+        p.compute_s += f.compute_s
+        acts = Actions(verify=[(f.request_id, f.token_ids, p.prompt.answer)])
+        return acts.merge(self._maybe_abort_siblings(p))
+
+    def verified(self, request_id: Hashable, acc: bool) -> Actions:
+        p = self._owner.pop(request_id)
+        f = p.unverified.pop(request_id)
+        runs = [(int(v), int(n)) for v, n in f.version_runs]  # engines tag every token
+        p.samples.append(Sample(token_ids=f.token_ids, logprobs=f.logprobs,
+                                policy_version=runs[0][0], reward=float(acc), acc=acc,
+                                truncated=f.truncated, stage=p.stage, version_runs=runs))
+        return self._maybe_abort_siblings(p).merge(self._maybe_end_stage(p))
+
+    def aborted(self, a: Aborted, resubmit: bool = False) -> Actions:
+        """`a` was aborted: by `Actions.abort` (a sibling was correct), or with `resubmit` by a
+        weight sync under `inflight_update: abort` (asked for again unless the prompt stops)."""
+        p = self._owner.pop(a.request_id, None)
+        if p is None:
+            return Actions()
+        p.in_flight.discard(a.request_id)
+        p.aborted_samples += 1
+        p.aborted_tokens += a.tokens
+        p.compute_s += a.compute_s
+        if p.stopping:  # a sibling of a correct answer: what it would still have generated
+            done = [len(s.token_ids) for s in p.samples if s.stage == p.stage]
+            done += [len(f.token_ids) for f in p.unverified.values()]
+            mean = sum(done) / len(done) if done else a.tokens + 1
+            p.saved_tokens_est += max(round(mean) - a.tokens, 1)
+        elif resubmit:
+            return self._submit(p, 1)
+        return self._maybe_end_stage(p)
+
+    # -- state --------------------------------------------------------------------------------
+    def in_flight(self) -> int:
+        """Requests submitted and not yet finished or aborted."""
+        return sum(len(p.in_flight) for p in set(self._owner.values()))
+
+    def open_prompts(self) -> int:
+        return len({id(p) for p in self._owner.values()})
+
+    # -- stages -------------------------------------------------------------------------------
+    def _start_stage(self, p: _Prompt, n: int) -> Actions:
+        if n <= 0:
+            return self._done(p)
+        return self._submit(p, n)
+
+    def _submit(self, p: _Prompt, n: int) -> Actions:
+        spec = p.spec
+        acts = Actions()
+        for _ in range(n):
+            rid = self._next_id
+            self._next_id += 1
+            self._owner[rid] = p
+            p.in_flight.add(rid)
+            acts.submit.append(SampleRequest(rid, p.prompt.prompt_token_ids, spec.max_new_tokens,
+                                             spec.temperature, spec.top_p))
+        return acts
+
+    def _maybe_abort_siblings(self, p: _Prompt) -> Actions:
+        if (not self.abort_on_first_correct or p.stopping or not p.in_flight
+                or not stops_at_correct(p.spec, p.stage)
+                or not any(s.acc for s in p.samples if s.stage == p.stage)
+                or p.finished_count() < self.min_group):
+            return Actions()
+        p.stopping = True
+        return Actions(abort=sorted(p.in_flight))
+
+    def _maybe_end_stage(self, p: _Prompt) -> Actions:
+        if p.in_flight or p.unverified:
+            return Actions()
+        n = 0 if p.stopping else self._next_stage_size(p)
+        if n > 0:
+            p.stage += 1
+        return self._start_stage(p, n)
+
+    def _next_stage_size(self, p: _Prompt) -> int:
+        spec, accs = p.spec, [s.acc for s in p.samples]
+        match spec.strategy:
+            case "fixed":
+                return 0
+            case "staged":
+                more = p.stage + 1 < len(spec.stage_sizes) and not any(accs)
+                return spec.stage_sizes[p.stage + 1] if more else 0
+            case "aero":
+                failing = (sum(accs) <= spec.aero_rescue_threshold if p.stage == 0
+                           else not any(accs))
+                step = spec.aero_rescue_step
+                if (failing and p.rounds < spec.aero_max_rounds and p.work.budget >= step
+                        and len(accs) + step <= spec.aero_max_per_prompt):
+                    p.rounds += 1
+                    p.work.budget -= step
+                    return step
+                return 0
+        raise AssertionError(spec.strategy)
+
+    def _done(self, p: _Prompt) -> Actions:
+        p.work.open_prompts -= 1
+        return Actions(done=[PromptResult(p.work.work.work_id, p.prompt, p.samples,
+                                          p.aborted_samples, p.aborted_tokens,
+                                          p.saved_tokens_est, p.compute_s)])
+
+
+def first_stage_size(spec: RolloutSpec, prompt: Prompt) -> int:
+    match spec.strategy:
+        case "fixed":
+            return prompt.n
+        case "staged":
+            return spec.stage_sizes[0]
+        case "aero":
+            return spec.aero_explore
+    raise ValueError(f"rollout strategy {spec.strategy!r} is not available in this actor")
+
+
+def stops_at_correct(spec: RolloutSpec, stage: int) -> bool:
+    """Does this stage end at a prompt's first correct response? (AR3PO: every stage; AERO:
+    the rescue rounds, not the exploration whose success count sets the strata.)"""
+    match spec.strategy:
+        case "staged":
+            return True
+        case "aero":
+            return stage > 0
+        case _:
+            return False
