@@ -1,13 +1,17 @@
-"""The actor's loop: receive work, sample and score groups, stream them back, take new weights.
+"""The actor's loop: receive work, generate step by step, stream groups back, take new weights.
 
-Messages from the learner are drained into a local queue between work items, and weight syncs
-are served before any queued work: a sync only makes the weights newer, so the staleness bound
-the learner enforces at admission still holds, and the learner never waits in a broadcast for
-more than the one work item the actor is in the middle of.
+Between two decode steps the actor drains its messages: work goes to the per-prompt scheduler
+(actors/stream.py, actors/scheduler.py), a prompt's group is sent the moment it is complete, and
+a weight sync is served as `actors.inflight_update` says: `finish` waits until the samples
+decoding are done (no new one starts meanwhile), `continue` loads the weights between two decode
+steps and decodes on, `abort` drops the running samples and samples them again under the new
+weights. A sync only makes the weights newer, so the staleness bound the learner enforces at
+admission still holds; in sync mode (bound 0) nothing is in flight when a sync arrives, so every
+policy stays exactly on-policy.
 
 A failed broadcast (another actor died in it) leaves this actor's weights half-written: it then
-generates nothing until the learner has formed a new weight group and sent the weights again,
-and it beats at once so the learner knows it is alive.
+drops what it was decoding and generates nothing until the learner has formed a new weight group
+and sent the weights again, and it beats at once so the learner knows it is alive.
 """
 
 from __future__ import annotations
@@ -16,12 +20,11 @@ import logging
 import os
 import socket
 import time
-from collections import deque
 
 from transformers import AutoTokenizer
 
 from actors.engines import make_engine
-from actors.rollout import sample_work
+from actors.stream import Rollouts, to_group
 from tasks.verifier import Verifier
 from protocol.config import Config
 from protocol.messages import PROTOCOL_VERSION, Heartbeat, Hello, Shutdown, SyncWeights, Work
@@ -93,6 +96,7 @@ def run_actor(cfg: Config, actor_id: int) -> int:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     engine = make_engine(cfg.actors.engine, cfg.model.path, **engine_kwargs(cfg))
     verifier = Verifier(cfg.actors.verifier_timeout_s)
+    rollouts = Rollouts(engine, tokenizer, verifier, cfg.rollout.abort_on_first_correct)
     # the pid makes a restarted actor a new ZeroMQ peer (the learner then drops the old one)
     endpoint = ActorEndpoint(cfg.net.learner_host, cfg.net.zmq_port,
                              f"actor-{actor_id}-{os.getpid()}".encode(),
@@ -104,34 +108,56 @@ def run_actor(cfg: Config, actor_id: int) -> int:
 
     weights = WeightMembership(cfg, engine)
     send(Hello, actor_id=actor_id, host=socket.gethostname(), pid=os.getpid())
-    queue: deque = deque()
+    syncs: list[SyncWeights] = []  # announced, not yet served
     last_beat = time.monotonic()
     try:
         while True:
-            can_work = bool(queue) and weights.version is not None
-            msg = endpoint.recv(0.0 if can_work else cfg.actors.heartbeat_s)
+            active = rollouts.decoding or rollouts.verify.pending or bool(syncs)
+            msg = endpoint.recv(0.0 if active else cfg.actors.heartbeat_s)
             while msg is not None:
-                queue.append(msg)
+                match msg:
+                    case SyncWeights():
+                        syncs.append(msg)
+                    case Shutdown():
+                        log.info("shutdown at policy version %s", weights.version)
+                        return 0
+                    case Work():
+                        rollouts.add_work(msg)  # held while a sync is pending or failed
                 msg = endpoint.recv(0.0)
-            syncs = [m for m in queue if isinstance(m, SyncWeights)]
-            queue = deque(m for m in queue if not isinstance(m, SyncWeights))
-            for m in newest_epoch_syncs(syncs):  # every broadcast must be joined, in order
-                if not weights.sync(m):
+            if syncs and serve_syncs(cfg.actors.inflight_update, rollouts, weights, syncs):
+                syncs = []
+                if weights.version is None:
                     last_beat = 0.0  # beat now: the learner is sorting out who is alive
-                    break
-            if any(isinstance(m, Shutdown) for m in queue):
-                log.info("shutdown at policy version %s", weights.version)
-                return 0
-            if queue and weights.version is not None:
-                work = queue.popleft()
-                if isinstance(work, Work):
-                    for group in sample_work(engine, tokenizer, verifier, work, actor_id,
-                                             weights.version):
-                        endpoint.send(group)
+            for result in rollouts.step(wait_s=0.002):
+                version = -1 if weights.version is None else weights.version
+                endpoint.send(to_group(result, actor_id, version))
             if time.monotonic() - last_beat >= cfg.actors.heartbeat_s:
-                send(Heartbeat, actor_id=actor_id, busy=bool(queue))
+                send(Heartbeat, actor_id=actor_id, busy=rollouts.busy)
                 last_beat = time.monotonic()
     finally:
         weights.leave()
+        rollouts.close()
         verifier.close()
         endpoint.close()
+
+
+def serve_syncs(policy: str, rollouts: Rollouts, weights: WeightMembership,
+                syncs: list[SyncWeights]) -> bool:
+    """Serve the announced syncs if `policy` lets them go ahead now; False = not yet (`finish`
+    with samples still decoding: they go on, and nothing new starts meanwhile)."""
+    match policy:
+        case "finish":
+            rollouts.hold()
+            if rollouts.engine.running():
+                return False
+        case "abort":
+            rollouts.drop_in_flight()
+        case "continue":
+            pass
+    for m in newest_epoch_syncs(syncs):  # every broadcast must be joined, in order
+        if not weights.sync(m):
+            rollouts.drop_in_flight()  # decoded under half-written weights: sample them again
+            return True  # held until a later sync succeeds
+    rollouts.engine.policy_version = weights.version
+    rollouts.release()
+    return True

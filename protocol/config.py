@@ -135,6 +135,12 @@ class RolloutConfig:
     (ar3po.stage_sizes) that stop at a prompt's first correct response; aero = AERO explore
     then rescue rounds from a pooled budget (aero.*); hora = the learner allocates each step's
     group_size x prompts_per_step responses by greedy hit utility (hora.*)."""
+    abort_on_first_correct: bool = False
+    """In the stages that stop at a prompt's first correct response (every AR3PO stage, AERO's
+    rescue rounds), abort the prompt's samples still decoding once one is verified correct
+    (after at least 2 have finished, so the group keeps a baseline). The group is the finished
+    samples; aborted partial responses count as generated (gen/aborted_tokens) and are never
+    trained on. false = a stage runs all its samples."""
 
 
 @dataclass(frozen=True)
@@ -204,6 +210,12 @@ class ActorsConfig:
     (on SLURM the run goes on with the other actors)."""
     verifier_timeout_s: float = 5.0
     """Time bound for one math-verify check."""
+    inflight_update: Literal["finish", "continue", "abort"] = "finish"
+    """What a weight sync does to the samples decoding when it arrives: finish = no new sample
+    starts and the sync waits until the running ones are done; continue = the new weights are
+    loaded between two decode steps and the running samples decode on under them (each token
+    records the policy version that sampled it); abort = the running samples are dropped
+    (counted in gen/aborted_tokens) and sampled again under the new weights."""
     gpu_memory_utilization: float = 0.5
     """vLLM: fraction of GPU memory for weights and KV cache."""
     enable_prefix_caching: bool = True
@@ -314,6 +326,10 @@ class Config:
             raise ConfigError("actors.heartbeat_timeout_s must exceed actors.heartbeat_s")
         if self.actors.max_restarts < 0:
             raise ConfigError("actors.max_restarts must be >= 0")
+        if self.rollout.abort_on_first_correct and self.rollout.policy not in ("staged", "aero"):
+            raise ConfigError("rollout.abort_on_first_correct does nothing with rollout.policy "
+                              f"{self.rollout.policy!r}: only the stages that stop at a correct "
+                              "answer (staged, aero rescue rounds) have samples to abort")
         if self.rollout.policy == "hora" and self.rollout.group_size < self.hora.k_min:
             raise ConfigError("rollout.group_size must be >= hora.k_min (the per-prompt budget "
                               "must give every prompt k_min responses)")

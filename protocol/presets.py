@@ -31,7 +31,8 @@ def preset(name: str) -> dict:
         case "rloo":  # 2: leave-one-out baseline inside the clipped surrogate
             return {"rollout": {"policy": "fixed"}, "loss": {"advantage": "rloo"}}
         case "ar3po":  # 3: staged stop-on-first-correct rollout + advantage-only reuse
-            return {"rollout": {"policy": "staged"}, "ar3po": {"reuse_mode": "advantage_only"}}
+            return {"rollout": {"policy": "staged", "abort_on_first_correct": True},
+                    "ar3po": {"reuse_mode": "advantage_only"}}
         case "aero":  # 4: explore + rescue, Bayesian degenerate advantages, 1:k negatives
             return {"rollout": {"policy": "aero"}, "aero": {"curate": True},
                     "loss": {"std_mode": "population", "entropy_coef": 1e-3}}

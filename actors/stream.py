@@ -1,0 +1,112 @@
+"""The actor's generation, one decode step at a time: engine, scheduler and verifier together.
+
+`Rollouts` carries out what the per-prompt scheduler (actors/scheduler.py) asks: requests go to
+the engine, finished responses to the verifier thread (actors/verify_queue.py), verdicts back
+to the scheduler, aborts to the engine. The actor loop (actors/worker.py) calls `step()` between
+its messages, so a weight sync waits at most one decode step to be noticed.
+
+Weight updates while requests are in flight (`actors.inflight_update`, ALGORITHMS.md 8.1):
+  finish   - `hold()`: no new request starts (held until `release()`), the running ones decode to
+             their end; the sync goes ahead once `engine.running()` is empty (the behaviour of
+             the batch rollout, where a sync waited for the work item in progress);
+  continue - the sync goes ahead between two decode steps; running requests keep decoding under
+             the new weights (every token records the version that produced it; the KV cache
+             keeps what the old weights computed, as PipelineRL does);
+  abort    - `drop_in_flight()`: the running requests are aborted (their tokens count as
+             generated, Group.aborted_tokens) and asked for again, held until the new weights
+             are in.
+"""
+
+from __future__ import annotations
+
+from actors.engines import Engine
+from actors.scheduler import Actions, PromptResult, RolloutScheduler, SampleRequest
+from actors.verify_queue import VerifyQueue
+from protocol.messages import PROTOCOL_VERSION, Group, Work
+from tasks.verifier import Verifier
+
+
+class Rollouts:
+    def __init__(self, engine: Engine, tokenizer, verifier: Verifier,
+                 abort_on_first_correct: bool = False):
+        self.engine, self.tokenizer = engine, tokenizer
+        self.sched = RolloutScheduler(abort_on_first_correct)
+        self.verify = VerifyQueue(verifier)
+        self.held: list[SampleRequest] = []
+        self.holding = False
+        self._done: list[PromptResult] = []
+
+    def add_work(self, work: Work) -> None:
+        self._apply(self.sched.add_work(work))
+
+    @property
+    def busy(self) -> bool:
+        """Prompts of this actor whose groups are not complete yet."""
+        return self.sched.open_prompts() > 0
+
+    @property
+    def decoding(self) -> bool:
+        """Requests the engine would decode at the next step."""
+        return bool(self.engine.running()) or (self.engine.unfinished() > 0 and not self.holding)
+
+    def step(self, wait_s: float = 0.0) -> list[PromptResult]:
+        """One decode step if anything is decoding, then every verdict ready (waiting up to
+        `wait_s` for one when nothing decodes); returns the prompts whose groups completed."""
+        if self.decoding:
+            for f in self.engine.step(admit=not self.holding):
+                self._apply(self.sched.finished(f))
+        if self.verify.pending:
+            for rid, ok in self.verify.results(0.0 if self.decoding else wait_s):
+                self._apply(self.sched.verified(rid, ok))
+        done, self._done = self._done, []
+        return done
+
+    # -- weight syncs ---------------------------------------------------------------------------
+    def hold(self) -> None:
+        """No request starts until `release()` (the running ones go on)."""
+        self.holding = True
+
+    def drop_in_flight(self) -> int:
+        """Abort every running request and ask for each sample again, held until `release()`.
+        Returns how many were dropped."""
+        self.holding = True
+        dropped = self.engine.abort(self.engine.running())
+        for a in dropped:
+            self._apply(self.sched.aborted(a, resubmit=True))
+        return len(dropped)
+
+    def release(self) -> None:
+        self.holding = False
+        held, self.held = self.held, []
+        for req in held:
+            self._add(req)
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def _apply(self, acts: Actions) -> None:
+        for req in acts.submit:
+            if self.holding:
+                self.held.append(req)
+            else:
+                self._add(req)
+        if acts.abort:
+            for a in self.engine.abort(acts.abort):
+                self._apply(self.sched.aborted(a))
+        for rid, token_ids, answer in acts.verify:
+            self.verify.put(rid, self.tokenizer.decode(token_ids, skip_special_tokens=True),
+                            answer)
+        self._done += acts.done
+
+    def _add(self, req: SampleRequest) -> None:
+        self.engine.add(req.request_id, req.prompt_token_ids, req.max_new_tokens,
+                        req.temperature, req.top_p)
+
+    def close(self) -> None:
+        self.verify.close()
+
+
+def to_group(r: PromptResult, actor_id: int, version: int) -> Group:
+    return Group(protocol_version=PROTOCOL_VERSION, policy_version=version,
+                 group_id=r.prompt.group_id, prompt_id=r.prompt.prompt_id, actor_id=actor_id,
+                 work_id=r.work_id, prompt_token_ids=r.prompt.prompt_token_ids,
+                 samples=r.samples, gen_time_s=r.gen_time_s, aborted_samples=r.aborted_samples,
+                 aborted_tokens=r.aborted_tokens, saved_tokens_est=r.saved_tokens_est)
