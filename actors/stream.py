@@ -34,6 +34,7 @@ class Rollouts:
         self.verify = VerifyQueue(verifier)
         self.held: list[SampleRequest] = []
         self.holding = False
+        self.decode_steps = 0  # engine steps so far (the actor logs how long a sync waited)
         self._done: list[PromptResult] = []
 
     def add_work(self, work: Work) -> None:
@@ -53,6 +54,7 @@ class Rollouts:
         """One decode step if anything is decoding, then every verdict ready (waiting up to
         `wait_s` for one when nothing decodes); returns the prompts whose groups completed."""
         if self.decoding:
+            self.decode_steps += 1
             for f in self.engine.step(admit=not self.holding):
                 self._apply(self.sched.finished(f))
         if self.verify.pending:

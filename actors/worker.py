@@ -109,6 +109,7 @@ def run_actor(cfg: Config, actor_id: int) -> int:
     weights = WeightMembership(cfg, engine)
     send(Hello, actor_id=actor_id, host=socket.gethostname(), pid=os.getpid())
     syncs: list[SyncWeights] = []  # announced, not yet served
+    announced_at = 0  # rollouts.decode_steps when the first of them arrived
     last_beat = time.monotonic()
     try:
         while True:
@@ -117,6 +118,8 @@ def run_actor(cfg: Config, actor_id: int) -> int:
             while msg is not None:
                 match msg:
                     case SyncWeights():
+                        if not syncs:
+                            announced_at = rollouts.decode_steps
                         syncs.append(msg)
                     case Shutdown():
                         log.info("shutdown at policy version %s", weights.version)
@@ -125,6 +128,10 @@ def run_actor(cfg: Config, actor_id: int) -> int:
                         rollouts.add_work(msg)  # held while a sync is pending or failed
                 msg = endpoint.recv(0.0)
             if syncs and serve_syncs(cfg.actors.inflight_update, rollouts, weights, syncs):
+                log.info("weights of version %s in, %d decode steps after the sync was announced "
+                         "(%s); %d samples decoding", weights.version,
+                         rollouts.decode_steps - announced_at, cfg.actors.inflight_update,
+                         len(engine.running()))
                 syncs = []
                 if weights.version is None:
                     last_beat = 0.0  # beat now: the learner is sorting out who is alive

@@ -1,0 +1,108 @@
+"""A real actor process generating step by step (actors/worker.py), driven by a test that plays
+the learner over real ZeroMQ sockets and a real gloo weight group (tests/actor_harness.py).
+
+- A weight sync announced in the middle of a long generation: `continue` and `abort` serve it
+  at once, between two decode steps; `finish` lets the running samples decode to their end.
+  Under `continue` the responses that crossed it carry both versions; under `abort` they are
+  dropped, counted and sampled again under the new weights.
+- Siblings of a first correct answer stop (AR3PO, rollout.abort_on_first_correct) and are
+  counted in the group; with the switch off every sample runs to its end.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tasks.prompts import prompt_token_ids
+from tasks.tiny_model import build_model, build_tiny
+from protocol.messages import RolloutSpec
+from tests.actor_harness import FakeLearner, prompt
+
+pytestmark = pytest.mark.slow
+
+LONG = 160  # tokens: an untrained model rarely writes its eos, so most samples run long
+
+
+@pytest.fixture(scope="module")
+def random_models(tmp_path_factory):
+    """Versions 0 and 1 of an untrained tiny model (two random initialisations)."""
+    path = build_tiny(tmp_path_factory.mktemp("random") / "m", hidden=32, layers=2, heads=2,
+                      ffn=64, seed=0)
+    tok = AutoTokenizer.from_pretrained(path)
+    return path, tok, AutoModelForCausalLM.from_pretrained(path), build_model(
+        tok, hidden=32, layers=2, heads=2, ffn=64, seed=1)
+
+
+def steps_to_serve(log: str, version: int) -> int:
+    found = re.search(rf"weights of version {version} in, (\d+) decode steps", log)
+    assert found, log[-3000:]
+    return int(found.group(1))
+
+
+@pytest.mark.parametrize("policy", ["continue", "abort", "finish"])
+def test_a_sync_announced_in_the_middle_of_a_long_generation(policy, tmp_path, random_models):
+    path, tok, v0, v1 = random_models
+    learner = FakeLearner(tmp_path, path, f"actors.inflight_update={policy}")
+    try:
+        learner.sync(v0, 0)
+        ids = prompt_token_ids(tok, "47+38=")
+        learner.work([prompt(0, ids, n=8)], RolloutSpec(strategy="fixed", max_new_tokens=LONG))
+        learner.work([prompt(1, ids, n=2)], RolloutSpec(strategy="fixed", max_new_tokens=1))
+        (short,) = learner.groups(1)  # back after a decode step or so of the long samples
+        assert short.group_id == "g1"
+        learner.sync(v1, 1)
+        (g,) = learner.groups(1)
+        log = learner.tail()
+    finally:
+        learner.close()
+    runs = [s.version_runs for s in g.samples]
+    assert len(g.samples) == 8 and all(sum(n for _, n in r) == len(s.token_ids)
+                                       for r, s in zip(runs, g.samples))
+    longest = max(len(s.token_ids) for s in g.samples)
+    match policy:
+        case "continue":  # served between two decode steps; the samples decode on
+            assert steps_to_serve(log, 1) <= 1
+            crossed = [r for r in runs if len(r) == 2]
+            assert crossed and all([v for v, _ in r] == [0, 1] for r in crossed)
+            assert g.aborted_samples == 0
+        case "abort":  # served at once; what was decoding is dropped, counted, sampled again
+            assert steps_to_serve(log, 1) <= 1
+            assert all(len(r) == 1 for r in runs)
+            assert g.aborted_samples >= 1 and g.aborted_tokens >= g.aborted_samples
+            assert sum(r[0][0] == 1 for r in runs) >= g.aborted_samples
+        case "finish":  # every running sample decodes to its end under the old weights first
+            assert runs and all(r == [(0, len(s.token_ids))] for r, s in zip(runs, g.samples))
+            assert steps_to_serve(log, 1) >= longest - 10
+            assert longest >= 20  # a long generation indeed (eos is rare in an untrained model)
+
+
+@pytest.mark.parametrize("abort_on_first_correct", [True, False])
+def test_siblings_of_a_first_correct_answer_stop_and_are_counted(abort_on_first_correct,
+                                                                   tmp_path, tiny_model):
+    # hot sampling makes the warm model's samples of one prompt differ in length: some answer at
+    # once, others ramble on
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    learner = FakeLearner(tmp_path, tiny_model,
+                          f"rollout.abort_on_first_correct={abort_on_first_correct}")
+    try:
+        learner.sync(AutoModelForCausalLM.from_pretrained(tiny_model), 0)
+        spec = RolloutSpec(strategy="staged", max_new_tokens=48, temperature=1.6,
+                           stage_sizes=[8])
+        questions = [(f"{a}+{b}=", str(a + b)) for a in range(1, 5) for b in range(1, 5)]
+        learner.work([prompt(i, prompt_token_ids(tok, q), answer=ans)
+                      for i, (q, ans) in enumerate(questions)], spec)
+        groups = learner.groups(len(questions))
+    finally:
+        learner.close()
+    aborted = [g for g in groups if g.aborted_samples]
+    if not abort_on_first_correct:
+        assert not aborted and all(len(g.samples) == 8 for g in groups)
+        return
+    assert aborted, "no group had a sibling still decoding at its first correct answer"
+    for g in aborted:
+        assert any(s.acc for s in g.samples) and len(g.samples) >= 2  # a correct one, a baseline
+        assert len(g.samples) + g.aborted_samples == 8
+        assert g.aborted_tokens >= g.aborted_samples and g.saved_tokens_est >= g.aborted_samples
