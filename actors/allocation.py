@@ -1,9 +1,12 @@
-"""Rollout allocation rules: HORA (ALGORITHMS.md §7) and AERO strata and curation (§4.2, §4.4).
+"""HORA's rollout allocation (ALGORITHMS.md §7): where a work item's responses go.
 
-What: HORA's Beta-Bernoulli hit utility and the greedy allocation that maximises total hit
-utility under a rollout budget; AERO's stratum of a prompt after exploration and the indices of
-a group it keeps for training. Why: these decide where rollout compute goes; as pure functions
-of counts (and an explicit `random.Random`) they are checked against brute force and by hand.
+What: the Beta-Bernoulli hit utility, the greedy allocation that maximises total hit utility
+under a rollout budget (one phase), and the second phase of the `two_phase` variant (after a
+probe of k_min per prompt, the rest goes greedily to the prompts whose probe has no hit; a hit
+leaves a prompt residual utility 0). Why here, at the actor: the two-phase variant allocates from
+the probe's rewards, which only the actor has before the group is sent; the learner sends each
+prompt's posterior counts with it (Prompt.prior_correct / prior_incorrect), so both variants
+allocate in one place. Pure functions of counts, checked against brute force and by hand.
 
 Run the tests with: .venv/bin/python -m pytest tests/test_allocation.py
 """
@@ -12,7 +15,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import random
 
 
 def _log_miss(c: float, f: float, k: int) -> float:
@@ -73,45 +75,24 @@ def hora_allocate(
     return alloc
 
 
-def aero_stratum(correct: int, n_explore: int, rescue_threshold: int = 0, tau: float = 0.5) -> str:
-    """AERO stratum after exploration, u = correct / n_explore (§4.2):
-    "rescue" if u <= S / n_explore, "low" if S / n_explore < u < tau, else "high" (incl. u = 1).
+def hora_second_phase(counts: list[tuple[float, float]], probe_correct: list[int], probe_n: int,
+                      budget: int, k_max: int) -> list[int]:
+    """Responses each prompt gets after the probe (`two_phase`, §7.3): 0 for a prompt whose
+    probe holds a correct response (residual hit utility 0: a hit is what the allocation buys),
+    and the greedy hit-utility allocation of `budget` over the others, each under its posterior
+    updated with the probe, Beta(1 + c, 1 + f + probe_n), and capped at `k_max` (the per-prompt
+    cap less the probe). Budget the capped prompts cannot take is not spent (not carried over).
 
-    rescue_threshold S lies in [0, n_explore / 2] [R:S4]; the paper uses S = 0 (all-fail).
-    Compared in counts, not floats, so u = tau lands in "high" exactly.
-    """
-    if n_explore < 1 or not 0 <= correct <= n_explore:
-        raise ValueError(f"need n_explore >= 1 and 0 <= correct <= n_explore, got {correct}, {n_explore}")
-    if not 0 <= 2 * rescue_threshold <= n_explore:
-        raise ValueError(f"rescue_threshold must be in [0, n_explore/2], got {rescue_threshold}")
-    if correct <= rescue_threshold:
-        return "rescue"
-    if correct < tau * n_explore:
-        return "low"
-    return "high"
-
-
-def aero_curate(
-    accs: list[bool], stratum: str, rng: random.Random, k: int = 1, n_keep_degenerate: int = 4
-) -> list[int]:
-    """Sorted indices of a group's rollouts kept for training (§4.4).
-
-    - degenerate (all-fail or all-correct over every rollout generated this step): a uniform
-      random n_keep_degenerate of them (their advantages come from the Bayesian smoothing of
-      learner/advantages.py);
-    - "rescue" (now rescued) or "low": all c correct plus k*c uniformly random incorrect
-      ("most informative" has no stated criterion; random avoids selection bias, §4.4 [I]);
-    - "high": all (down-sampling them hurt in the paper [R:S4]).
-    """
-    if stratum not in ("rescue", "low", "high"):
-        raise ValueError(f"stratum must be 'rescue', 'low' or 'high', got {stratum!r}")
-    n = len(accs)
-    pos = [i for i, a in enumerate(accs) if a]
-    neg = [i for i, a in enumerate(accs) if not a]
-    if not pos or not neg:
-        return sorted(rng.sample(range(n), min(n_keep_degenerate, n)))
-    match stratum:
-        case "rescue" | "low":
-            return sorted(pos + rng.sample(neg, min(k * len(pos), len(neg))))
-        case _:
-            return list(range(n))
+    counts: (c_q, f_q) before the probe; probe_correct: correct responses among each prompt's
+    `probe_n` probe responses."""
+    if len(probe_correct) != len(counts) or budget < 0 or probe_n < 0 or k_max < 0:
+        raise ValueError(f"need one probe count per prompt and budget, probe_n, k_max >= 0, got "
+                         f"{len(probe_correct)} for {len(counts)}, {budget}, {probe_n}, {k_max}")
+    missed = [q for q, hits in enumerate(probe_correct) if hits == 0]
+    rest = [0] * len(counts)
+    if not missed or k_max == 0:
+        return rest
+    posterior = [(counts[q][0], counts[q][1] + probe_n) for q in missed]
+    for q, k in zip(missed, hora_allocate(posterior, min(budget, k_max * len(missed)), 0, k_max)):
+        rest[q] = k
+    return rest

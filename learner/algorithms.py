@@ -125,7 +125,7 @@ def build_step(groups: list[Group], state: AlgorithmState, cfg: Config, version:
                    for s in g.samples]
         if cfg.ar3po.reuse_mode != "off":
             _reuse(g, members, state, cfg, version, step, tally)
-        if cfg.rollout.policy in ("staged", "aero"):
+        if cfg.rollout.policy in ("stop_on_correct", "aero"):
             _rescue(g, cfg, tally)
         keep, adv = _advantages(g, members, state, cfg, tally)
         _to_loss(g, [members[i] for i in keep], adv, cfg, version, goldens, batch, tally)
@@ -241,7 +241,7 @@ def _step_metrics(cfg: Config, state: AlgorithmState, num_groups: int, num_rows:
             "reuse/buffer_prompts": len(state.reuse),
             "reuse/rate_run": _frac(t["reused"], t["all_fail"]),
         })
-    if cfg.rollout.policy in ("staged", "aero"):
+    if cfg.rollout.policy in ("stop_on_correct", "aero"):
         rounds = tally.rescue_rounds
         m.update({
             "rescue/frac_rescued": _frac(n["rescued"], n["needed_rescue"]),
