@@ -12,19 +12,26 @@ prompts whose group is complete. One request is one sample.
 
 Per-prompt stages: a prompt's next stage is submitted the moment its current stage is verified,
 without waiting for the other prompts of its work item. The rollout policies (ALGORITHMS.md):
-  fixed           - one stage of `Prompt.n` samples (GRPO, DAPO, HORA's allocation, Mu-GRPO);
-  staged          - AR3PO (3.2): stage s has stage_sizes[s] samples; a prompt stops at the first
+  fixed           - one stage of `Prompt.n` samples (GRPO, DAPO, Mu-GRPO);
+  stop_on_correct - AR3PO (3.2): stage s has stage_sizes[s] samples; a prompt stops at the first
                     stage that gives it a correct response;
   aero            - AERO (4.4): an exploration stage of aero_explore samples, then rescue rounds
                     of aero_rescue_step for a prompt with at most aero_rescue_threshold correct,
                     until its first correct response, aero_max_rounds rounds or
                     aero_max_per_prompt samples, each round paid from the work item's pooled
-                    budget (aero_budget x its prompts) when it is submitted: first come, first
-                    served, where the batch version visited the failing prompts in random order.
+                    budget (aero_rescue_budget_per_prompt x its prompts) when it is submitted:
+                    first come, first served, where the batch version visited the failing
+                    prompts in random order;
+  hora            - HORA (7.3): the work item's budget (hora_budget_per_prompt x its prompts)
+                    allocated by hit utility under each prompt's posterior counts, one stage;
+                    two-phase: a probe of hora_k_min each, then, once every probe of the work
+                    item is verified (the allocation needs them all: the one barrier left),
+                    the rest to the prompts the probe missed (actors/allocation.py).
 
 Abort on first correct (`abort_on_first_correct`, for the stages that stop at a correct answer:
-every AR3PO stage, AERO's rescue rounds): once a prompt has a verified correct response, its
-samples still decoding in that stage are aborted. The group is the prompt's finished samples;
+every AR3PO stage, AERO's rescue rounds, HORA's second phase, where a hit leaves a prompt no
+residual hit utility): once a prompt has a verified correct response, its samples still decoding
+in that stage are aborted. The group is the prompt's finished samples;
 so that it still has a baseline, the abort waits until at least `min_group` (2) samples have
 finished. Aborted partial responses are counted (Group.aborted_*) and never sent. With the
 switch off a stage runs all its samples, as the batch rollout did.
@@ -35,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+from actors.allocation import hora_allocate, hora_second_phase
 from actors.engines import Aborted, Finished
 from protocol.messages import Prompt, RolloutSpec, Sample, Work
 
@@ -80,13 +88,14 @@ class Actions:
 class _Work:
     work: Work
     budget: int  # AERO's pooled rescue budget left (responses)
-    open_prompts: int
+    parked: dict[int, "_Prompt"] = field(default_factory=dict)  # HORA: probes done, by index
 
 
 @dataclass
 class _Prompt:
     work: _Work
     prompt: Prompt
+    index: int  # in its work item
     stage: int = 0
     rounds: int = 0  # AERO rescue rounds started
     in_flight: set[int] = field(default_factory=set)  # decoding
@@ -115,13 +124,10 @@ class RolloutScheduler:
 
     # -- events -------------------------------------------------------------------------------
     def add_work(self, work: Work) -> Actions:
-        spec = work.rollout
-        if spec.strategy not in ("fixed", "staged", "aero"):
-            raise ValueError(f"rollout strategy {spec.strategy!r} is not available in this actor")
-        w = _Work(work, spec.aero_budget * len(work.prompts), len(work.prompts))
+        w = _Work(work, work.rollout.aero_rescue_budget_per_prompt * len(work.prompts))
         acts = Actions()
-        for prompt in work.prompts:
-            acts.merge(self._start_stage(_Prompt(w, prompt), first_stage_size(spec, prompt)))
+        for i, n in enumerate(first_stage_sizes(work)):
+            acts.merge(self._start_stage(_Prompt(w, work.prompts[i], i), n))
         return acts
 
     def finished(self, f: Finished) -> Actions:
@@ -198,17 +204,40 @@ class RolloutScheduler:
     def _maybe_end_stage(self, p: _Prompt) -> Actions:
         if p.in_flight or p.unverified:
             return Actions()
+        spec = p.spec
+        if spec.strategy == "hora" and spec.hora_two_phase and p.stage == 0:
+            return self._park_for_second_phase(p)
         n = 0 if p.stopping else self._next_stage_size(p)
         if n > 0:
             p.stage += 1
         return self._start_stage(p, n)
 
+    def _park_for_second_phase(self, p: _Prompt) -> Actions:
+        """HORA two-phase: the rest is allocated once every probe of the work item is in."""
+        w = p.work
+        w.parked[p.index] = p
+        prompts = w.work.prompts
+        if len(w.parked) < len(prompts):
+            return Actions()
+        spec, k_min = w.work.rollout, w.work.rollout.hora_k_min
+        probes = [w.parked[i] for i in range(len(prompts))]
+        rest = hora_second_phase([(q.prior_correct, q.prior_incorrect) for q in prompts],
+                                 [sum(s.acc for s in q.samples) for q in probes], k_min,
+                                 (spec.hora_budget_per_prompt - k_min) * len(prompts),
+                                 spec.hora_k_max - k_min)
+        w.parked = {}
+        acts = Actions()
+        for q, n in zip(probes, rest):
+            q.stage = 1
+            acts.merge(self._start_stage(q, n))
+        return acts
+
     def _next_stage_size(self, p: _Prompt) -> int:
         spec, accs = p.spec, [s.acc for s in p.samples]
         match spec.strategy:
-            case "fixed":
+            case "fixed" | "hora":
                 return 0
-            case "staged":
+            case "stop_on_correct":
                 more = p.stage + 1 < len(spec.stage_sizes) and not any(accs)
                 return spec.stage_sizes[p.stage + 1] if more else 0
             case "aero":
@@ -224,30 +253,40 @@ class RolloutScheduler:
         raise AssertionError(spec.strategy)
 
     def _done(self, p: _Prompt) -> Actions:
-        p.work.open_prompts -= 1
         return Actions(done=[PromptResult(p.work.work.work_id, p.prompt, p.samples,
                                           p.aborted_samples, p.aborted_tokens,
                                           p.saved_tokens_est, p.compute_s)])
 
 
-def first_stage_size(spec: RolloutSpec, prompt: Prompt) -> int:
+def first_stage_sizes(work: Work) -> list[int]:
+    """Samples each prompt of `work` gets in its first stage."""
+    spec, prompts = work.rollout, work.prompts
     match spec.strategy:
         case "fixed":
-            return prompt.n
-        case "staged":
-            return spec.stage_sizes[0]
+            return [p.n for p in prompts]
+        case "stop_on_correct":
+            return [spec.stage_sizes[0]] * len(prompts)
         case "aero":
-            return spec.aero_explore
+            return [spec.aero_explore] * len(prompts)
+        case "hora" if spec.hora_two_phase:
+            return [spec.hora_k_min] * len(prompts)
+        case "hora":
+            return hora_allocate([(p.prior_correct, p.prior_incorrect) for p in prompts],
+                                 spec.hora_budget_per_prompt * len(prompts), spec.hora_k_min,
+                                 spec.hora_k_max)
     raise ValueError(f"rollout strategy {spec.strategy!r} is not available in this actor")
 
 
 def stops_at_correct(spec: RolloutSpec, stage: int) -> bool:
-    """Does this stage end at a prompt's first correct response? (AR3PO: every stage; AERO:
-    the rescue rounds, not the exploration whose success count sets the strata.)"""
+    """Does this stage end at a prompt's first correct response? AR3PO: every stage; AERO: the
+    rescue rounds, not the exploration whose success count sets the strata; HORA two-phase: the
+    second phase (a hit leaves the prompt no residual hit utility)."""
     match spec.strategy:
-        case "staged":
+        case "stop_on_correct":
             return True
         case "aero":
             return stage > 0
+        case "hora":
+            return spec.hora_two_phase and stage > 0
         case _:
             return False

@@ -128,7 +128,7 @@ def build_step(groups: list[Group], state: AlgorithmState, cfg: Config, version:
                    for s in g.samples]
         if cfg.ar3po.reuse_mode != "off":
             _reuse(g, members, state, cfg, version, step, tally)
-        if cfg.rollout.policy in ("staged", "aero"):
+        if rescues(cfg):
             _rescue(g, cfg, tally)
         keep, adv = _advantages(g, members, state, cfg, tally)
         _to_loss(g, [members[i] for i in keep], adv, cfg, version, goldens, batch, tally)
@@ -169,8 +169,16 @@ def _reuse(g: Group, members: list[Member], state: AlgorithmState, cfg: Config, 
                                                     s.policy_version, step))
 
 
+def rescues(cfg: Config) -> bool:
+    """Rollout policies that sample more for a prompt whose first stage failed: AR3PO's later
+    stages, AERO's rescue rounds, HORA two-phase's rest after the probe (`rescue/*`)."""
+    return cfg.rollout.policy in ("stop_on_correct", "aero") or (
+        cfg.rollout.policy == "hora" and cfg.hora.two_phase)
+
+
 def _rescue(g: Group, cfg: Config, tally: Tally) -> None:
-    """Did a prompt that failed the first stage (AERO: exploration) get a correct response later?"""
+    """Did a prompt that failed the first stage (AERO: exploration; HORA: the probe) get a
+    correct response later?"""
     threshold = cfg.aero.rescue_threshold if cfg.rollout.policy == "aero" else 0
     outcome = rescue_outcome([s.acc for s in g.samples], [s.stage for s in g.samples], threshold)
     if outcome is not None:
@@ -248,7 +256,7 @@ def _step_metrics(cfg: Config, state: AlgorithmState, num_groups: int, num_rows:
             "reuse/buffer_prompts": len(state.reuse),
             "reuse/rate_run": _frac(t["reused"], t["all_fail"]),
         })
-    if cfg.rollout.policy in ("staged", "aero"):
+    if rescues(cfg):
         rounds = tally.rescue_rounds
         m.update({
             "rescue/frac_rescued": _frac(n["rescued"], n["needed_rescue"]),

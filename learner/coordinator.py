@@ -2,9 +2,11 @@
 
 The learner is the run's coordinator. It hands out prompts as `Work` items, so it can bound
 staleness by admission (ALGORITHMS.md 8.2): a group is handed out only while
-`submitted + 1 <= (version + max_staleness + 1) * groups_per_step`, counting a group whose
-samples were dropped as stale as never submitted. Groups are ingested at most once per group id,
-so a prompt handed out twice (after an actor died) is never counted twice.
+`slots_taken + 1 <= (version + max_staleness + 1) * groups_per_step`, where `slots_taken` counts
+the groups handed out less those released (dropped as stale, or a DAPO generation batch taken
+beyond the first): a released group gives its admission slot to a replacement (AReaL's
+N_submitted). Groups are ingested at most once per group id, so a prompt handed out twice (after
+an actor died) is never counted twice.
 
 Actors come and go. An actor is lost when it stays silent longer than the heartbeat timeout,
 when a message to it cannot be delivered (ZeroMQ knows its connection closed), or when it says
@@ -45,7 +47,7 @@ class ActorState:
 class Coordinator:
     def __init__(self, endpoint: LearnerEndpoint, prompts: Iterator[Prompt], rollout: RolloutSpec,
                  groups_per_step: int, prompts_per_work: int, max_staleness: int,
-                 submitted: int = 0):
+                 slots_taken: int = 0):
         self.endpoint = endpoint
         self.prompts = prompts
         self.rollout = rollout
@@ -55,15 +57,18 @@ class Coordinator:
         self.actors: dict[bytes, ActorState] = {}
         self.ready: list[Group] = []
         self.seen_groups: set[str] = set()
-        # groups handed out and not released by a drop; a resumed run starts as if every
-        # earlier step's groups had been handed out (version x groups_per_step)
-        self.submitted = submitted
+        # admission slots taken: groups handed out, less those released (a dropped group's slot
+        # goes to its replacement); a resumed run starts as if every earlier step's groups had
+        # been handed out (version x groups_per_step)
+        self.slots_taken = slots_taken
         self.stats = Counter()
         self._work_seq = 0
         self.reissue: deque[Prompt] = deque()  # prompts of lost actors, handed out first
         self.epoch = 0  # the weight group's epoch; members are the actors with rank > 0
         self.members: frozenset[bytes] = frozenset()
         self._ids_seen: set[int] = set()
+        self._work_prompts: dict[str, int] = {}  # work id -> prompts, while its groups come in
+        self.longest_work_item_s = 0.0  # sampling time of the longest work item seen
 
     # -- messages ---------------------------------------------------------------------------
     def poll(self, timeout_s: float) -> bool:
@@ -107,6 +112,9 @@ class Coordinator:
         if actor is not None:
             actor.last_seen = now
             actor.inflight.pop(group.group_id, None)
+        # each group carries its share of its work item's sampling time
+        size = self._work_prompts.get(group.work_id, 1)
+        self.longest_work_item_s = max(self.longest_work_item_s, group.gen_time_s * size)
         if group.group_id in self.seen_groups:
             self.stats["groups/duplicates_ignored"] += 1
             return
@@ -162,7 +170,7 @@ class Coordinator:
                            for _ in range(min(len(self.reissue), self.prompts_per_work))]
             else:
                 while (fresh < self.prompts_per_work and may_admit(
-                        self.submitted + fresh, version, bound, self.groups_per_step)):
+                        self.slots_taken + fresh, version, bound, self.groups_per_step)):
                     fresh += 1
                 if fresh == 0:
                     break
@@ -171,8 +179,11 @@ class Coordinator:
             self._work_seq += 1
             work = Work(protocol_version=PROTOCOL_VERSION, policy_version=version,
                         work_id=f"w{self._work_seq}", prompts=prompts, rollout=self.rollout)
-            self.submitted += fresh
+            self.slots_taken += fresh
             handed += len(prompts)
+            self._work_prompts[work.work_id] = len(prompts)
+            if len(self._work_prompts) > 4096:  # bounded: only recent items' sizes matter
+                self._work_prompts.pop(next(iter(self._work_prompts)))
             actor.inflight.update((p.group_id, p) for p in prompts)
             try:
                 self.endpoint.send(actor.peer, work)
@@ -184,7 +195,7 @@ class Coordinator:
     def release(self, groups: int) -> None:
         """Groups dropped (stale, or filtered by DAPO's dynamic sampling) free their admission
         slots, so more prompts are handed out in their place."""
-        self.submitted -= groups
+        self.slots_taken -= groups
 
     def take(self, count: int) -> list[Group]:
         taken, self.ready = self.ready[:count], self.ready[count:]

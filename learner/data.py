@@ -1,19 +1,19 @@
 """The run's prompts: a resumable training stream, the rollout policy's per-prompt budgets, and
 the held-out problems.
 
-`PromptStream` yields one `Prompt` per training problem; `PromptSource` takes them a step's batch
-at a time and sets each prompt's `n` as the rollout policy says (HORA allocates the batch's
-budget by hit utility, ALGORITHMS.md 7.3); `rollout_spec` is what the actors are told to do.
+`PromptStream` yields one `Prompt` per training problem; `PromptSource` sets each prompt's `n` as
+the rollout policy says and, for HORA, the prompt's posterior counts at hand-out time, from which
+the actor allocates the work item's budget by hit utility (ALGORITHMS.md 7.3, 8.4);
+`rollout_spec` is what the actors are told to do.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 import msgspec
 
-from learner.allocation import hora_allocate
 from tasks.datasets import iterate_forever, load_problems
 from tasks.prompts import prompt_token_ids
 from tasks.arithmetic import Arithmetic, Problem
@@ -39,16 +39,22 @@ def rollout_spec(cfg: Config) -> RolloutSpec:
     r, a = cfg.rollout, cfg.aero
     common = dict(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p)
     match r.policy:
-        case "fixed" | "hora":
+        case "fixed":
             return RolloutSpec(strategy="fixed", **common)
-        case "staged":
-            return RolloutSpec(strategy="staged", stage_sizes=list(cfg.ar3po.stage_sizes),
+        case "stop_on_correct":
+            return RolloutSpec(strategy="stop_on_correct", stage_sizes=list(cfg.ar3po.stage_sizes),
                                **common)
         case "aero":
             return RolloutSpec(strategy="aero", aero_explore=a.n_explore,
                                aero_rescue_step=a.rescue_step, aero_max_rounds=a.rescue_rounds,
-                               aero_max_per_prompt=a.n_max, aero_budget=a.n_total - a.n_explore,
+                               aero_max_per_prompt=a.n_max,
+                               aero_rescue_budget_per_prompt=a.n_total - a.n_explore,
                                aero_rescue_threshold=a.rescue_threshold, **common)
+        case "hora":  # compute-matched with fixed N: the budget is N per prompt
+            h = cfg.hora
+            return RolloutSpec(strategy="hora", hora_budget_per_prompt=r.group_size,
+                               hora_k_min=h.k_min, hora_k_max=h.k_max_factor * r.group_size,
+                               hora_two_phase=h.two_phase, **common)
 
 
 class PromptStream:
@@ -90,39 +96,35 @@ class PromptStream:
         return self._solutions.pop(group_id, None)
 
 
-def allocation(cfg: Config, prompt_ids: list[str],
-               counts: Callable[[str], tuple[float, float]]) -> list[int]:
-    """Responses to sample per prompt of one step's batch, by rollout policy. For the adaptive
-    policies this is the per-prompt cap (the actor stops earlier)."""
+def responses_cap(cfg: Config) -> int:
+    """`Prompt.n` by rollout policy: the responses to sample (fixed), the per-prompt cap
+    (AR3PO, AERO: the actor stops earlier), or HORA's mean budget per prompt."""
     r = cfg.rollout
     match r.policy:
-        case "fixed":
-            return [r.group_size] * len(prompt_ids)
-        case "staged":
-            return [sum(cfg.ar3po.stage_sizes)] * len(prompt_ids)
+        case "fixed" | "hora":
+            return r.group_size
+        case "stop_on_correct":
+            return sum(cfg.ar3po.stage_sizes)
         case "aero":
-            return [cfg.aero.n_max] * len(prompt_ids)
-        case "hora":  # compute-matched with fixed N: the step's budget is N per prompt
-            return hora_allocate([counts(p) for p in prompt_ids], r.group_size * len(prompt_ids),
-                                 cfg.hora.k_min, cfg.hora.k_max_factor * r.group_size)
+            return cfg.aero.n_max
 
 
 class PromptSource:
-    """The coordinator's prompts: a step's batch (rollout.prompts_per_step) at a time from the
-    stream, each with its allocated `n`. HORA decides at hand-out time with the counts then known
-    and never re-allocates in flight (8.4)."""
+    """The coordinator's prompts, each with its `n` and, for HORA, its Beta counts as known when
+    it is handed out (the actor allocates from them; nothing is re-allocated in flight, 8.4)."""
 
     def __init__(self, cfg: Config, stream: Iterator[Prompt],
                  counts: Callable[[str], tuple[float, float]]):
-        self.cfg, self.stream, self.counts = cfg, stream, counts
-        self.pending: deque[Prompt] = deque()
+        self.stream, self.counts = stream, counts
+        self.n, self.hora = responses_cap(cfg), cfg.rollout.policy == "hora"
 
     def __iter__(self) -> Iterator[Prompt]:
         return self
 
     def __next__(self) -> Prompt:
-        if not self.pending:
-            batch = [next(self.stream) for _ in range(self.cfg.rollout.prompts_per_step)]
-            ns = allocation(self.cfg, [p.prompt_id for p in batch], self.counts)
-            self.pending.extend(msgspec.structs.replace(p, n=k) for p, k in zip(batch, ns))
-        return self.pending.popleft()
+        p = next(self.stream)
+        if not self.hora:
+            return msgspec.structs.replace(p, n=self.n)
+        c, f = self.counts(p.prompt_id)
+        return msgspec.structs.replace(p, n=self.n, prior_correct=float(c),
+                                       prior_incorrect=float(f))

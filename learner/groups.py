@@ -37,21 +37,45 @@ def is_stale(group: Group, version: int, max_staleness: int, stale_policy: str) 
     return staleness_weight(group_staleness(group, version), max_staleness, stale_policy) is None
 
 
-def group_metrics(groups: list[Group]) -> dict:
-    """Raw statistics of freshly generated groups, before any intervention."""
+def generation_cost(groups: list[Group], dropped: list[Group] = ()) -> dict:
+    """What generating a step's groups cost, every generated group counted (ALGORITHMS.md 3.7):
+    `groups` (consumed, DAPO's filtered and surplus ones included) and `dropped` (too stale at
+    consumption: generated all the same). Fresh responses only: reuse is the learner's."""
+    every = [*groups, *dropped]
+    lengths = [len(s.token_ids) for g in every for s in g.samples]
+    gen_time = sum(g.gen_time_s for g in every)
+    aborted_tokens = sum(g.aborted_tokens for g in every)
+    gen_tokens = sum(lengths) + aborted_tokens  # aborted partial responses were generated too
+    return {
+        "gen/responses_per_prompt": len(lengths) / max(len(every), 1),
+        "gen/responses_per_step": len(lengths),
+        "gen/responses_per_prompt_max": max((len(g.samples) for g in every), default=0),
+        "gen/responses_dropped_stale": sum(len(g.samples) for g in dropped),
+        "gen/tokens": int(gen_tokens),
+        "gen/aborted_tokens": aborted_tokens,
+        "gen/aborted_samples": sum(g.aborted_samples for g in every),
+        "gen/tokens_saved_first_correct": sum(g.saved_tokens_est for g in every),
+        "perf/gen_tokens_per_s": gen_tokens / gen_time if gen_time > 0 else 0.0,
+        # actor-seconds spent sampling and scoring these groups (each group carries its share of
+        # its work item's time): `rlvr bench throughput` divides the sum by wall time x actors
+        "perf/actor_gen_s": gen_time,
+        "actors/groups_by_actor": groups_by_actor(every),
+    }
+
+
+def group_metrics(groups: list[Group], dropped: list[Group] = ()) -> dict:
+    """Raw statistics of the step's freshly generated groups, before any intervention (the
+    stale-dropped ones count in the generation cost only: they never reach the loss)."""
     samples = [s for g in groups for s in g.samples]
     lengths = np.array([len(s.token_ids) for s in samples]) if samples else np.zeros(1)
     accs = [[s.acc for s in g.samples] for g in groups]
     n = max(len(groups), 1)
-    aborted_tokens = sum(g.aborted_tokens for g in groups)
-    # aborted partial responses were generated too (never trained on)
-    gen_tokens = float(lengths.sum()) + aborted_tokens if samples else float(aborted_tokens)
-    gen_time = sum(g.gen_time_s for g in groups)
     spreads = [runs[-1][0] - runs[0][0] for runs in map(version_runs, samples)]
     return {
-        "gen/responses_per_prompt": len(samples) / n,
-        "gen/responses_per_step": len(samples),
-        "gen/responses_per_prompt_max": max((len(g.samples) for g in groups), default=0),
+        **generation_cost(groups, dropped),
+        # versions inside one response: > 0 when it was decoded across a weight update (8.1)
+        "gen/version_spread_max": max(spreads, default=0),
+        "gen/version_spread_mean": float(np.mean(spreads)) if spreads else 0.0,
         "groups/frac_all_fail_raw": sum(not any(a) for a in accs) / n,
         "groups/frac_all_correct_raw": sum(all(a) for a in accs) / n,
         "reward/acc_mean": float(np.mean([s.acc for s in samples])) if samples else 0.0,
@@ -61,20 +85,8 @@ def group_metrics(groups: list[Group]) -> dict:
         "resp/trunc_frac": float(np.mean([s.truncated for s in samples])) if samples else 0.0,
         "resp/len_mean_correct": _mean_len(samples, True),
         "resp/len_mean_incorrect": _mean_len(samples, False),
-        "perf/gen_tokens_per_s": gen_tokens / gen_time if gen_time > 0 else 0.0,
-        # actor-seconds spent sampling and scoring these groups (each group carries its share of
-        # its work item's time): `rlvr bench throughput` divides the sum by wall time x actors
-        "perf/actor_gen_s": gen_time,
-        "gen/tokens": int(gen_tokens),
-        "gen/aborted_tokens": aborted_tokens,
-        "gen/aborted_samples": sum(g.aborted_samples for g in groups),
-        "gen/tokens_saved_first_correct": sum(g.saved_tokens_est for g in groups),
-        # versions inside one response: > 0 when it was decoded across a weight update (8.1)
-        "gen/version_spread_max": max(spreads, default=0),
-        "gen/version_spread_mean": float(np.mean(spreads)) if spreads else 0.0,
         "gen/policy_version_min": min((s.policy_version for s in samples), default=0),
         "gen/policy_version_max": max((s.policy_version for s in samples), default=0),
-        "actors/groups_by_actor": groups_by_actor(groups),
     }
 
 

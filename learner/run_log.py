@@ -18,7 +18,10 @@ Resume: pass `resume_from_step=S` (the checkpoint's step). Rows with step > S (l
 checkpoint, before the crash) are dropped so steps continue S+1, S+2, ... with no gap or repeat;
 `time_s` continues from the last kept row, and wandb resumes the same run id
 (`run_dir/wandb_id.txt`). wandb drops points for steps it has already seen: those few steps after
-S stay in the wandb run as first logged, `metrics.jsonl` holds the truth.
+S stay in the wandb run as first logged, `metrics.jsonl` holds the truth. A resume with no
+complete checkpoint yet starts the run again at step 0: `set_aside_run` first moves the earlier
+attempt's metrics, summary, plots and wandb run into `run_dir/set-aside/<time>-no-checkpoint/`,
+so the new rows never mix with rows of weights that no longer exist.
 
 Run: `python -c "from learner.run_log import read_metrics; print(read_metrics('runs/x')[-1])"`.
 """
@@ -30,8 +33,10 @@ import logging
 import math
 import os
 import secrets
+import shutil
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -41,6 +46,9 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 WANDB_ID_FILE = "wandb_id.txt"
 RESERVED_KEYS = ("step", "policy_version", "time_s")
+SET_ASIDE_DIR = "set-aside"
+# what a run folder holds of one attempt's record (checkpoints, logs and config stay)
+ATTEMPT_FILES = (METRICS_FILE, SUMMARY_FILE, WANDB_ID_FILE, "wandb", "plots")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,6 +223,38 @@ class _Progress:
         if self.live is not None:
             self.live.stop()
             self.live = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Starting again without a checkpoint
+# ---------------------------------------------------------------------------------------------
+
+
+def set_aside_run(run_dir: Path, now: datetime | None = None) -> dict | None:
+    """Move an earlier attempt's record (metrics.jsonl, summary.json, plots, the wandb run and
+    its id) into `run_dir/set-aside/<UTC time>-no-checkpoint/`, with a NOTE.txt saying why; the
+    run then starts again at step 0 in a clean folder. Returns what was moved (the folder, the
+    rows and the last step they reached), or None when there was nothing to move."""
+    run_dir = Path(run_dir)
+    present = [name for name in ATTEMPT_FILES if (run_dir / name).exists()]
+    if not present:
+        return None
+    rows = read_metrics(run_dir)
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    dest = run_dir / SET_ASIDE_DIR / f"{stamp}-no-checkpoint"
+    n = 1
+    while dest.exists():  # two restarts within a second
+        n += 1
+        dest = run_dir / SET_ASIDE_DIR / f"{stamp}-no-checkpoint-{n}"
+    dest.mkdir(parents=True)
+    last = rows[-1].get("step") if rows else None
+    (dest / "NOTE.txt").write_text(
+        f"Set aside at {stamp}: `--resume` found no complete checkpoint in {run_dir}, so the run\n"
+        f"started again from step 0 with the initial weights. These are the earlier attempt's\n"
+        f"records ({len(rows)} metrics rows, last step {last}); their weights were never saved.\n")
+    for name in present:
+        shutil.move(str(run_dir / name), str(dest / name))
+    return {"set_aside_in": str(dest), "rows": len(rows), "last_step": last, "at": stamp}
 
 
 # ---------------------------------------------------------------------------------------------

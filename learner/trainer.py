@@ -37,7 +37,7 @@ from learner.groups import group_metrics, is_stale
 from learner.losses import dapo_keep_group
 from learner.plots import plot_run
 from learner.ranks import PlanChannel, train_step
-from learner.run_log import RunLog, write_json_atomic
+from learner.run_log import RunLog, set_aside_run, write_json_atomic
 from protocol.config import Config, to_dict
 from protocol.messages import Group
 from protocol.transport import LearnerEndpoint
@@ -67,6 +67,14 @@ class Learner:
         self.step = self.version = data_index = 0
         self.algo = AlgorithmState(cfg)
         checkpoint = latest_checkpoint(run_dir) if resume else None
+        # resumed with no complete checkpoint (killed before the first one): start the run
+        # again from step 0, with the old rows set aside rather than mixed with the new ones
+        self.restarted = set_aside_run(run_dir) if resume and checkpoint is None else None
+        if self.restarted is not None:
+            resume = False
+            log.warning("--resume found no complete checkpoint in %s: starting the run again "
+                        "from step 0; the earlier metrics (%d rows) are set aside in %s",
+                        run_dir, self.restarted["rows"], self.restarted["set_aside_in"])
         if checkpoint is not None:
             self.followers.tell("load", path=str(checkpoint))
             state = load_checkpoint(checkpoint, self.engine)
@@ -86,8 +94,8 @@ class Learner:
         G = self.gen_batch = generation_batch(cfg)
         self.coord = Coordinator(self.endpoint,
                                  PromptSource(cfg, self.prompts, self.algo.prompt_counts),
-                                 rollout_spec(cfg), G, cfg.rollout.prompts_per_work,
-                                 cfg.staleness_bound, submitted=self.version * G)
+                                 rollout_spec(cfg), G, cfg.work_size,
+                                 cfg.staleness_bound, slots_taken=self.version * G)
         self.stage_end = self.stage_version = self.stage_start = self.step  # mode=staged
         # the weight group's rendezvous store, hosted for the whole run (actors connect to it
         # before they say hello; each membership change forms a new group over it)
@@ -96,6 +104,7 @@ class Learner:
         self.weights: WeightGroup | None = None
         self.sync_waits: list[float] = []  # learner waits of the syncs since the last step logged
         self._no_actors_since: float | None = None
+        self._warned_work_time = False
         self.goldens: dict[str, list[int] | None] = {}
         self._write_processes()
         self.run_log = RunLog(run_dir, to_dict(cfg), wandb_mode=cfg.run.wandb,
@@ -195,14 +204,16 @@ class Learner:
             self.stage_end = self.step + length
         self.coord.admit(self.stage_version, self.stage_end - self.stage_start - 1)
 
-    def _gather(self) -> tuple[list[Group], list[Group], dict]:
+    def _gather(self) -> tuple[list[Group], list[Group], list[Group], dict]:
         """Wait until a step's worth of fresh-enough (DAPO: informative) groups is ready.
-        Returns them, every group generated for the step, and counts.
+        Returns them, every other group generated for the step (DAPO's filtered and surplus
+        ones included), the groups dropped as too stale, and counts.
 
         Groups come in generation batches of `self.gen_batch` (one step's prompts, or DAPO's
         3x): DAPO takes another whole batch while its informative groups do not fill the step,
         up to dapo.max_gen_batches, and drops the surplus (ALGORITHMS.md 2); every response of
-        every batch counts as generated. A stale group frees its slot for a replacement."""
+        every batch counts as generated. A stale group frees its slot for a replacement, and its
+        responses count as generated too (their generation was paid for, 3.7)."""
         c, coord = self.cfg, self.coord
         need, batch = c.rollout.prompts_per_step, self.gen_batch
         filtering = c.dapo.dynamic_sampling
@@ -237,7 +248,18 @@ class Learner:
             info.update({"dapo/groups_generated": len(generated), "dapo/groups_filtered": filtered,
                          "dapo/groups_surplus": len(generated) - filtered - len(kept),
                          "dapo/gen_batches": rounds, "dapo/gave_up": int(len(kept) < need)})
-        return kept, generated, info
+        return kept, generated, dropped, info
+
+    def _check_work_item_time(self) -> None:
+        """An actor does not beat while it samples a work item, so an item that takes close to
+        actors.heartbeat_timeout_s gets a healthy actor taken for dead: say so, once."""
+        timeout_s = self.cfg.actors.heartbeat_timeout_s
+        if self.coord.longest_work_item_s > 0.5 * timeout_s and not self._warned_work_time:
+            self._warned_work_time = True
+            log.warning("a work item took %.1f s, over half of actors.heartbeat_timeout_s (%.0f "
+                        "s): an actor busy longer than that is taken for dead. Raise "
+                        "actors.heartbeat_timeout_s or lower rollout.prompts_per_work",
+                        self.coord.longest_work_item_s, timeout_s)
 
     def _goldens(self, groups: list[Group]) -> dict[str, list[int]]:
         """Verified golden trajectories (token ids) of the all-fail groups, for GCPO."""
@@ -278,10 +300,11 @@ class Learner:
             self.run_log.log(0, {**self._evaluate(), "time_s": 0.0}, policy_version=0)
         while self.step < c.run.steps:
             t_step = time.time()
-            groups, generated, metrics = self._gather()
+            groups, generated, dropped, metrics = self._gather()
+            self._check_work_item_time()
             batch = build_step(groups, self.algo, c, self.version, self.step,
                                self._goldens(groups))
-            metrics.update(group_metrics(generated))
+            metrics.update(group_metrics(generated, dropped))
             metrics["groups/trained_ids"] = [g.group_id for g in groups]  # audit: none twice
             metrics["gen/responses_per_trained_prompt"] = (
                 metrics["gen/responses_per_step"] / max(len(groups), 1))
@@ -354,7 +377,8 @@ class Learner:
         self.coord.shutdown(self.version, reason)
         self._close_weight_group()
         self.weight_store = None
-        self.run_log.summary()
+        self.run_log.summary({"restarted_without_checkpoint": self.restarted}
+                             if self.restarted else None)
         self.run_log.close()
         self.verifier.close()
         self.endpoint.close()

@@ -15,8 +15,9 @@ from typing import Literal
 @dataclass(frozen=True)
 class AR3POConfig:
     stage_sizes: tuple[int, ...] = (4, 4)
-    """Staged rollout (rollout.policy=staged): responses per stage; a prompt leaves the active
-    set once it has a correct response, so it gets at most sum(stage_sizes) (ALGORITHMS.md 3.2)."""
+    """Staged rollout (rollout.policy=stop_on_correct): responses per stage, each >= 2; a prompt
+    leaves the active set once it has a correct response, so it gets at most sum(stage_sizes)
+    (ALGORITHMS.md 3.2)."""
     reuse_mode: Literal["off", "advantage_only", "policy_recomputed", "direct_replay"] = "off"
     """Response reuse for all-fail groups (3.5): advantage_only = a past correct response only
     enters the group baseline; policy_recomputed = it also enters the loss with w = 1;
@@ -27,11 +28,10 @@ class AR3POConfig:
     """Which stored response is reused: the newest one (smallest age, least off-policy)."""
 
     def validate(self) -> None:
-        if not self.stage_sizes or min(self.stage_sizes) < 1:
-            raise ValueError("stage_sizes must be a non-empty list of sizes >= 1")
-        if self.stage_sizes[0] < 2:
-            raise ValueError("stage_sizes[0] must be >= 2 (a group that stops after stage 1 "
-                             "needs a baseline)")
+        if not self.stage_sizes or min(self.stage_sizes) < 2:
+            raise ValueError(f"stage_sizes must be a non-empty list of sizes >= 2 (a group that "
+                             f"stops after a stage needs a baseline; ALGORITHMS.md 3.2), got "
+                             f"{list(self.stage_sizes)}")
         if self.buffer_size < 1:
             raise ValueError("buffer_size must be >= 1")
 
@@ -40,7 +40,8 @@ class AR3POConfig:
 class AEROConfig:
     n_total: int = 16
     """Average responses per prompt the rollout may spend: explore plus the pooled rescue budget
-    (n_total - n_explore) x prompts of a work item (ALGORITHMS.md 4.1)."""
+    (n_total - n_explore) x prompts of a work item, which the aero preset makes a whole step's
+    prompts (rollout.prompts_per_work: null = rollout.prompts_per_step; ALGORITHMS.md 4.1, 4.4)."""
     n_explore: int = 8
     """Responses per prompt in the exploration stage."""
     n_max: int = 32
@@ -96,6 +97,11 @@ class HORAConfig:
     decay: float = 1.0
     """Each time a prompt is sampled again its past correct/incorrect counts are multiplied by
     this before the new ones are added (1 = keep the whole history)."""
+    two_phase: bool = False
+    """7.3 `two_phase`: probe k_min responses per prompt, update each posterior with the probe,
+    then allocate the rest of the budget greedily; a prompt whose probe already holds a correct
+    response has residual hit utility 0 and gets no more. Works from a prompt's first visit.
+    The budget is group_size x the work item's prompts (the hora preset: one step's)."""
 
     def validate(self) -> None:
         if self.k_min < 2:

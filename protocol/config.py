@@ -18,6 +18,7 @@ import yaml
 
 from protocol.algorithm_config import (AEROConfig, AR3POConfig, DAPOConfig, GCPOConfig,
                                        HORAConfig, MuGRPOConfig)
+from protocol.config_checks import renamed_value_problems, value_problems
 from protocol.config_loader import ConfigError, build, dump, load, read_yaml, to_dict  # noqa: F401
 from protocol.presets import merge_under, preset
 
@@ -126,21 +127,27 @@ class RolloutConfig:
     temperature: float = 1.0
     """Sampling temperature."""
     top_p: float = 1.0
-    """Nucleus sampling threshold (1.0 = off; behaviour log-probs are then exact)."""
-    prompts_per_work: int = 8
-    """Prompts per work item handed to an actor: smaller items let weight syncs interleave
-    sooner in async mode, larger ones batch generation better."""
-    policy: Literal["fixed", "staged", "aero", "hora"] = "fixed"
-    """Rollout policy: fixed = group_size responses per prompt (GRPO); staged = AR3PO stages
-    (ar3po.stage_sizes) that stop at a prompt's first correct response; aero = AERO explore
-    then rescue rounds from a pooled budget (aero.*); hora = the learner allocates each step's
-    group_size x prompts_per_step responses by greedy hit utility (hora.*)."""
+    """Nucleus sampling threshold. Training needs 1.0: the learner's policy is the full softmax,
+    and under top-p the engines report different behaviour log-probs (HF before the nucleus cut,
+    vLLM after it), so any other value is refused."""
+    prompts_per_work: int | None = 8
+    """Prompts per work item handed to an actor; null = one step's prompts (prompts_per_step).
+    Smaller items let weight syncs interleave sooner in async mode and spread a step over
+    several actors, larger ones batch generation better. AERO's rescue budget and HORA's
+    allocation are pooled over a work item, so their presets make it a whole step (null; README,
+    "Algorithms and schedules")."""
+    policy: Literal["fixed", "stop_on_correct", "aero", "hora"] = "fixed"
+    """Rollout policy: fixed = group_size responses per prompt (GRPO); stop_on_correct = AR3PO
+    stages (ar3po.stage_sizes) that stop at a prompt's first correct response (formerly
+    'staged'); aero = AERO explore then rescue rounds from a budget pooled over the work item
+    (aero.*); hora = the actor allocates group_size x the work item's prompts responses by
+    greedy hit utility under the learner's per-prompt posterior counts (hora.*)."""
     abort_on_first_correct: bool = False
     """In the stages that stop at a prompt's first correct response (every AR3PO stage, AERO's
-    rescue rounds), abort the prompt's samples still decoding once one is verified correct
-    (after at least 2 have finished, so the group keeps a baseline). The group is the finished
-    samples; aborted partial responses count as generated (gen/aborted_tokens) and are never
-    trained on. false = a stage runs all its samples."""
+    rescue rounds, HORA's second phase), abort the prompt's samples still decoding once one is
+    verified correct (after at least 2 have finished, so the group keeps a baseline). The group
+    is the finished samples; aborted partial responses count as generated (gen/aborted_tokens)
+    and are never trained on. false = a stage runs all its samples."""
 
 
 @dataclass(frozen=True)
@@ -326,13 +333,12 @@ class Config:
             raise ConfigError("actors.heartbeat_timeout_s must exceed actors.heartbeat_s")
         if self.actors.max_restarts < 0:
             raise ConfigError("actors.max_restarts must be >= 0")
-        if self.rollout.abort_on_first_correct and self.rollout.policy not in ("staged", "aero"):
-            raise ConfigError("rollout.abort_on_first_correct does nothing with rollout.policy "
-                              f"{self.rollout.policy!r}: only the stages that stop at a correct "
-                              "answer (staged, aero rescue rounds) have samples to abort")
         if self.rollout.policy == "hora" and self.rollout.group_size < self.hora.k_min:
             raise ConfigError("rollout.group_size must be >= hora.k_min (the per-prompt budget "
                               "must give every prompt k_min responses)")
+        problems = value_problems(self)
+        if problems:
+            raise ConfigError("\n".join(problems))
 
     @property
     def staleness_bound(self) -> int:
@@ -345,6 +351,12 @@ class Config:
                 return self.mugrpo.updates_per_stage - 1
             case _:
                 return self.max_staleness
+
+    @property
+    def work_size(self) -> int:
+        """Prompts per work item in force: rollout.prompts_per_work, null = a whole step's."""
+        r = self.rollout
+        return r.prompts_per_step if r.prompts_per_work is None else r.prompts_per_work
 
     @property
     def weight_backend(self) -> str:
@@ -370,15 +382,22 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
                 name = yaml.safe_load(raw)
             except yaml.YAMLError:
                 pass  # `build` reports the bad override, naming it
+    _refuse_renamed(data, overrides)
     return build(Config, merge_under(preset(name) if isinstance(name, str) else {}, data),
                  list(overrides))
 
 
+def _refuse_renamed(data: dict, overrides) -> None:
+    """An old spelling of a value (a user's YAML from before a rename) names the new one."""
+    problems = renamed_value_problems(data, list(overrides))
+    if problems:
+        raise ConfigError("\n".join(problems))
 
 
 def with_overrides(config: Config, overrides: list[str]) -> Config:
     """`config` with dotted overrides on top. No preset is applied: every key of a built config
     is already explicit, so `algorithm=` here renames the run's algorithm and nothing else."""
+    _refuse_renamed({}, overrides)
     return build(Config, to_dict(config), overrides)
 
 

@@ -18,9 +18,11 @@ from typing import Literal, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 # 2: SyncWeights names the weight group's epoch, rank and size
-# 3: Sample.version_runs (per-token policy versions), Group's aborted-sample counts
+# 3: the rollout strategy staged -> stop_on_correct, aero_budget -> aero_rescue_budget_per_prompt,
+#    hora allocated at the actor from the posterior counts each Prompt carries
+# 4: Sample.version_runs (per-token policy versions), Group's aborted-sample counts
 
 
 class _Message(msgspec.Struct, tag_field="kind", forbid_unknown_fields=True, frozen=True):
@@ -37,24 +39,34 @@ class Prompt(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     prompt_id: str
     prompt_token_ids: list[int]
     answer: str
-    n: int  # responses to sample for this prompt (fixed-N / HORA allocation / AR3PO cap)
+    n: int  # responses to sample for this prompt (fixed-N / AR3PO cap / HORA's mean budget)
+    # HORA: the learner's Beta counts of this prompt when it was handed out (ALGORITHMS.md 7.3)
+    prior_correct: float = 0.0
+    prior_incorrect: float = 0.0
 
 
 class RolloutSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """How an actor samples the prompts of one Work item.
 
     strategy:
-      fixed  - `Prompt.n` responses per prompt in one engine call (GRPO, DAPO, HORA, Mu-GRPO).
-      staged - AR3PO: successive stages of `stage_sizes[s]` responses, a prompt leaves the active
-               set once it has a correct response.
-      aero   - AERO: `aero_explore` responses, then rescue rounds of `aero_rescue_step` for
-               prompts with at most `aero_rescue_threshold` correct (0: all-fail) until their
-               first correct response, at most `aero_max_rounds` rounds and
-               `aero_max_per_prompt` responses per prompt, while the pooled budget lasts:
-               `aero_budget` responses per prompt of the work item, shared by all of them.
+      fixed           - `Prompt.n` responses per prompt in one engine call (GRPO, DAPO,
+                        Mu-GRPO).
+      stop_on_correct - AR3PO: successive stages of `stage_sizes[s]` responses, a prompt leaves
+                        the active set once it has a correct response.
+      aero            - AERO: `aero_explore` responses, then rescue rounds of
+                        `aero_rescue_step` for prompts with at most `aero_rescue_threshold`
+                        correct (0: all-fail) until their first correct response, at most
+                        `aero_max_rounds` rounds and `aero_max_per_prompt` responses per prompt,
+                        while the pooled budget lasts: `aero_rescue_budget_per_prompt` x the
+                        work item's prompts, shared by all of them.
+      hora            - HORA: `hora_budget_per_prompt` x the work item's prompts responses,
+                        allocated by greedy hit utility under each prompt's Beta counts
+                        (`Prompt.prior_correct`, `prior_incorrect`), between `hora_k_min` and
+                        `hora_k_max` per prompt; with `hora_two_phase`, first a probe of
+                        `hora_k_min` each, then the rest to the prompts still without a hit.
     """
 
-    strategy: Literal["fixed", "staged", "aero"]
+    strategy: Literal["fixed", "stop_on_correct", "aero", "hora"]
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
@@ -63,8 +75,12 @@ class RolloutSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     aero_rescue_step: int = 0
     aero_max_rounds: int = 0
     aero_max_per_prompt: int = 0
-    aero_budget: int = 0
+    aero_rescue_budget_per_prompt: int = 0
     aero_rescue_threshold: int = 0
+    hora_budget_per_prompt: int = 0
+    hora_k_min: int = 0
+    hora_k_max: int = 0
+    hora_two_phase: bool = False
 
 
 class Work(_Message, tag="work"):

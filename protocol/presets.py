@@ -31,13 +31,14 @@ def preset(name: str) -> dict:
         case "rloo":  # 2: leave-one-out baseline inside the clipped surrogate
             return {"rollout": {"policy": "fixed"}, "loss": {"advantage": "rloo"}}
         case "ar3po":  # 3: staged stop-on-first-correct rollout + advantage-only reuse
-            return {"rollout": {"policy": "staged", "abort_on_first_correct": True},
+            return {"rollout": {"policy": "stop_on_correct", "abort_on_first_correct": True},
                     "ar3po": {"reuse_mode": "advantage_only"}}
-        case "aero":  # 4: explore + rescue, Bayesian degenerate advantages, 1:k negatives
-            return {"rollout": {"policy": "aero"}, "aero": {"curate": True},
+        case "aero":  # 4: explore + rescue from a budget pooled over the step (one work item)
+            return {"rollout": {"policy": "aero", "prompts_per_work": None},
+                    "aero": {"curate": True},
                     "loss": {"std_mode": "population", "entropy_coef": 1e-3}}
-        case "hora":  # 7: greedy hit-utility allocation of a step's rollout budget
-            return {"rollout": {"policy": "hora"}}
+        case "hora":  # 7: greedy hit-utility allocation of a step's budget (one work item)
+            return {"rollout": {"policy": "hora", "prompts_per_work": None}}
         case "mugrpo":  # 5: staged schedule, ratio to behaviour, relaxed clip [0, 5], veto
             return {"mode": "staged", "mugrpo": {"veto_scope": "suffix"},
                     "loss": {"old_policy": "behaviour", "clip_low": 1.0, "clip_high": 4.0,

@@ -1,5 +1,5 @@
 """From scored groups to loss rows per algorithm (learner/algorithms.py, learner/curation.py)
-and the learner's per-prompt allocation (learner/data.py). ALGORITHMS.md sections in names."""
+and what the learner hands out per prompt (learner/data.py). ALGORITHMS.md sections in names."""
 
 import json
 import random
@@ -8,10 +8,10 @@ import pytest
 
 from learner.algorithms import AlgorithmState, build_step
 from learner.curation import aero_select, rescue_outcome, shaped_reward
-from learner.data import allocation, rollout_spec
+from learner.data import PromptSource, responses_cap, rollout_spec
 from learner.groups import group_metrics
 from protocol.config import Config, build
-from protocol.messages import Group, Sample
+from protocol.messages import Group, Prompt, Sample
 from protocol.presets import merge_under, preset
 
 
@@ -108,7 +108,7 @@ def test_reuse_also_finds_a_correct_response_from_earlier_in_the_same_step():
     assert batch.metrics["reuse/reused"] == 1
 
 
-def test_staged_rollout_reports_the_fraction_of_stage_one_failures_later_rescued():
+def test_stop_on_correct_rollout_reports_the_fraction_of_stage_one_failures_later_rescued():
     g1 = group([False, False, False, True], stages=[0, 0, 1, 1], gid="a")
     g2 = group([False] * 4, stages=[0, 0, 1, 1], gid="b")
     g3 = group([True, False], gid="c")
@@ -224,28 +224,31 @@ def test_hora_counts_decay_each_time_a_prompt_is_seen_again():
     assert state.prompt_counts("q") == (1.0, 2.0)
 
 
-def test_hora_allocates_the_step_budget_by_hit_utility_from_each_prompts_counts():
-    cfg = config("hora")
-    counts = {"hard": (0, 40), "solved": (40, 0), "unsure": (2, 2), "new": (0, 0)}
-    ns = allocation(cfg, list(counts), counts.get)
-    assert sum(ns) == 8 * 4 and min(ns) >= 2 and max(ns) <= 32  # budget N per prompt
-    assert ns[1] == 2  # a solved prompt is already sure to hit: it gets only k_min
+def test_hora_prompts_carry_their_posterior_counts_at_hand_out_for_the_actor_to_allocate():
+    counts = {"hard": (0.0, 40.0), "new": (0.0, 0.0)}
+    stream = iter([Prompt(group_id=f"g{i}", prompt_id=p, prompt_token_ids=[1], answer="1", n=0)
+                   for i, p in enumerate(counts)])
+    handed = list(PromptSource(config("hora"), stream, lambda p: counts[p]))
+    assert [(p.n, p.prior_correct, p.prior_incorrect) for p in handed] == \
+        [(8, 0.0, 40.0), (8, 0.0, 0.0)]
+    spec = rollout_spec(config("hora", "hora.two_phase=true"))
+    assert (spec.strategy, spec.hora_budget_per_prompt, spec.hora_k_min, spec.hora_k_max,
+            spec.hora_two_phase) == ("hora", 8, 2, 32, True)
 
 
 def test_the_adaptive_policies_hand_out_their_per_prompt_cap():
-    assert allocation(config("ar3po", "ar3po.stage_sizes=[2,2,4]"), ["a"], None) == [8]
-    assert allocation(config("aero"), ["a"], None) == [32]
-    assert allocation(config("grpo", "rollout.group_size=5"), ["a", "b"], None) == [5, 5]
+    assert responses_cap(config("ar3po", "ar3po.stage_sizes=[2,2,4]")) == 8
+    assert responses_cap(config("aero")) == 32
+    assert responses_cap(config("grpo", "rollout.group_size=5")) == 5
 
 
 def test_the_rollout_spec_carries_each_policy_to_the_actor():
     assert rollout_spec(config("ar3po")).stage_sizes == [4, 4]
+    assert rollout_spec(config("ar3po")).strategy == "stop_on_correct"
     aero = rollout_spec(config("aero", "aero.rescue_threshold=2"))
-    assert (aero.strategy, aero.aero_explore, aero.aero_budget, aero.aero_rescue_threshold) == \
-        ("aero", 8, 8, 2)
-    assert rollout_spec(config("hora")).strategy == "fixed"
-
-
+    assert (aero.strategy, aero.aero_explore, aero.aero_rescue_budget_per_prompt,
+            aero.aero_rescue_threshold) == ("aero", 8, 8, 2)
+    assert rollout_spec(config("hora")).hora_two_phase is False
 def test_generated_tokens_include_aborted_samples_and_version_spread_is_reported():
     crossed = Sample(token_ids=[7] * 4, logprobs=[-0.5] * 4, policy_version=3, reward=1.0,
                      acc=True, truncated=False, version_runs=[(3, 1), (5, 3)])

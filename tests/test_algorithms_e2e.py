@@ -142,3 +142,19 @@ def test_hora_with_rloo_allocates_the_step_budget_and_its_statistics_survive_res
         return {(p, e["step"], tuple(e["token_ids"])) for p, es in state["reuse"]["prompts"]
                 for e in es}
     assert entries(before) <= entries(after) and entries(before)
+
+
+def test_hora_two_phase_gives_the_rest_of_the_budget_only_to_prompts_the_probe_missed(
+        tmp_path, tiny_model):
+    rows = train(tmp_path, tiny_model, "hora2", "algorithm=hora", "hora.two_phase=true",
+                 "mode=sync", "rollout.prompts_per_work=null",  # a step is one pool
+                 *few_problems(tmp_path))
+    for r in rows:
+        hist = r["hora/alloc_hist"]
+        missed = r["rescue/needed"]  # prompts whose probe of k_min = 2 had no correct response
+        assert sum(hist[:2]) == 0  # every prompt got its probe
+        assert sum(hist[3:]) <= missed  # only a missed prompt gets more ...
+        assert hist[2] >= PROMPTS - missed  # ... a prompt the probe hit keeps its 2
+        assert sum(k * c for k, c in enumerate(hist)) == r["gen/responses_per_step"] <= N * PROMPTS
+        assert len(hist) <= 4 * N + 1  # k_max = 4N
+    assert sum(sum(r["hora/alloc_hist"][3:]) for r in rows) > 0  # the second phase ran

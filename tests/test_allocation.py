@@ -1,14 +1,13 @@
-"""HORA allocation and AERO strata/curation (learner/allocation.py, ALGORITHMS.md §7, §4.2, §4.4)."""
+"""HORA allocation, one phase and two (actors/allocation.py, ALGORITHMS.md §7)."""
 
 import itertools
 import math
-import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner.allocation import aero_curate, aero_stratum, hit_utility, hora_allocate, marginal_gain
+from actors.allocation import hit_utility, hora_allocate, hora_second_phase, marginal_gain
 
 count = st.floats(0, 50, allow_nan=False)
 counts = st.lists(st.tuples(count, count), min_size=1, max_size=6)
@@ -87,62 +86,51 @@ def test_no_prompts_get_no_rollouts():
     assert hora_allocate([], budget=0) == []
 
 
-# -- AERO strata (§4.2) -----------------------------------------------------------------------
+# -- two-phase: the rest after a probe of k_min (§7.3 two_phase) -----------------------------
 
 
-def test_strata_with_the_paper_settings():
-    strata = [aero_stratum(c, n_explore=8) for c in range(9)]
-    assert strata == ["rescue", "low", "low", "low", "high", "high", "high", "high", "high"]
-
-
-def test_a_rescue_threshold_widens_the_rescue_stratum():
-    assert [aero_stratum(c, 8, rescue_threshold=2) for c in (2, 3)] == ["rescue", "low"]
-
-
-def test_strata_reject_out_of_range_inputs():
-    with pytest.raises(ValueError, match="rescue_threshold"):
-        aero_stratum(0, 8, rescue_threshold=5)
-    with pytest.raises(ValueError, match="correct"):
-        aero_stratum(9, 8)
-
-
-# -- AERO curation (§4.4) ---------------------------------------------------------------------
-
-
-def test_degenerate_groups_keep_a_random_four():
-    rng = random.Random(0)
-    kept = aero_curate([False] * 16, "rescue", rng)
-    assert len(kept) == 4 and kept == sorted(set(kept))
-    assert len(aero_curate([True] * 8, "high", rng)) == 4
-    assert aero_curate([False] * 3, "rescue", rng) == [0, 1, 2]
-
-
-def test_a_rescued_group_trains_on_one_correct_and_one_incorrect():
-    accs = [False] * 9 + [True]
-    kept = aero_curate(accs, "rescue", random.Random(0))
-    assert len(kept) == 2 and 9 in kept
-
-
-def test_high_success_groups_are_not_down_sampled():
-    accs = [True, True, True, True, True, False, False, False]
-    assert aero_curate(accs, "high", random.Random(0)) == list(range(8))
+@settings(max_examples=80, deadline=None)
+@given(stats=counts, data=st.data())
+def test_the_second_phase_gives_nothing_to_a_prompt_whose_probe_hit(stats, data):
+    probe_n = data.draw(st.integers(1, 4))
+    hits = data.draw(st.lists(st.integers(0, probe_n), min_size=len(stats), max_size=len(stats)))
+    budget, k_max = data.draw(st.integers(0, 40)), data.draw(st.integers(0, 12))
+    rest = hora_second_phase(stats, hits, probe_n, budget, k_max)
+    missed = [q for q, h in enumerate(hits) if h == 0]
+    assert all(rest[q] == 0 for q, h in enumerate(hits) if h > 0)
+    assert all(0 <= k <= k_max for k in rest)
+    # the budget is spent up to what the missed prompts can take, never beyond
+    assert sum(rest) == min(budget, k_max * len(missed))
 
 
 @settings(max_examples=60, deadline=None)
-@given(accs=st.lists(st.booleans(), min_size=2, max_size=32), k=st.integers(1, 3), seed=st.integers(0, 1000))
-def test_low_stratum_keeps_all_correct_and_k_times_as_many_incorrect(accs, k, seed):
-    c, f = sum(accs), len(accs) - sum(accs)
-    kept = aero_curate(accs, "low", random.Random(seed), k=k)
-    assert kept == sorted(set(kept)) and all(0 <= i < len(accs) for i in kept)
-    if 0 < c < len(accs):
-        assert sum(accs[i] for i in kept) == c
-        assert sum(not accs[i] for i in kept) == min(k * c, f)
-    else:
-        assert len(kept) == min(4, len(accs))
+@given(stats=st.lists(st.tuples(count, count), min_size=1, max_size=4), data=st.data())
+def test_the_second_phase_is_optimal_against_brute_force_under_the_probed_posterior(stats, data):
+    probe_n = data.draw(st.integers(1, 3))
+    hits = data.draw(st.lists(st.integers(0, 1), min_size=len(stats), max_size=len(stats)))
+    missed = [q for q, h in enumerate(hits) if h == 0]
+    k_max = data.draw(st.integers(1, 4))
+    budget = data.draw(st.integers(0, k_max * len(missed)))
+    rest = hora_second_phase(stats, hits, probe_n, budget, k_max)
+
+    def utility(ks):  # hit utility of the rest, under the posterior after the probe
+        return sum(hit_utility(stats[q][0], stats[q][1] + probe_n, ks[i])
+                   for i, q in enumerate(missed))
+
+    best = max((ks for ks in itertools.product(range(k_max + 1), repeat=len(missed))
+                if sum(ks) == budget), key=utility, default=())
+    assert utility([rest[q] for q in missed]) == pytest.approx(utility(best), abs=1e-12)
 
 
-def test_curation_is_reproducible_from_the_rng_seed():
-    accs = [True] + [False] * 15
-    assert aero_curate(accs, "low", random.Random(3)) == aero_curate(accs, "low", random.Random(3))
-    with pytest.raises(ValueError, match="stratum"):
-        aero_curate(accs, "medium", random.Random(3))
+def test_a_probe_without_a_hit_makes_a_prompt_look_harder_and_moves_budget_to_it():
+    # two unseen prompts, both missed by a probe of 2, the second also failed 6 times before:
+    # the fresher one is likelier to hit, so it gets more of the rest
+    rest = hora_second_phase([(0, 0), (0, 6)], [0, 0], 2, budget=6, k_max=30)
+    assert sum(rest) == 6 and rest[0] > rest[1]
+    # when every probe hit, nothing more is sampled (residual utility 0 everywhere)
+    assert hora_second_phase([(0, 0), (3, 1)], [1, 2], 2, budget=12, k_max=30) == [0, 0]
+
+
+def test_the_second_phase_rejects_mismatched_inputs():
+    with pytest.raises(ValueError, match="one probe count per prompt"):
+        hora_second_phase([(0, 0)], [0, 0], 2, 4, 4)

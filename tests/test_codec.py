@@ -51,7 +51,7 @@ EVERY_KIND = [
         policy_version=2,
         work_id="w-1",
         prompts=[Prompt(group_id="g-1", prompt_id="p-1", prompt_token_ids=[1, 2], answer="4", n=8)],
-        rollout=RolloutSpec(strategy="staged", max_new_tokens=64, stage_sizes=[2, 2, 4]),
+        rollout=RolloutSpec(strategy="stop_on_correct", max_new_tokens=64, stage_sizes=[2, 2, 4]),
     ),
     group(sample(), sample(token_ids=(), logprobs=(), reward=0.0, acc=False, stage=1)),
     group(sample(version_runs=[(3, 1), (4, 2)])),  # decoded across a weight update

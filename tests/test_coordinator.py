@@ -72,7 +72,7 @@ def test_a_lost_actors_prompts_go_out_again_first_without_a_new_admission_slot(l
     a0, a1 = join(coord, 0, 100), join(coord, 1, 101)
     assert coord.sync_weights(0, new_epoch=True)
     coord.admit(version=0)
-    assert coord.submitted == 4
+    assert coord.slots_taken == 4
     handed = {m.work_id: m for m in recv_all(a0, Work)}
     lost_ids = {p.group_id for w in handed.values() for p in w.prompts}
     a0.close()
@@ -81,7 +81,7 @@ def test_a_lost_actors_prompts_go_out_again_first_without_a_new_admission_slot(l
     assert coord.membership_changed  # the group must be formed again
     assert coord.sync_weights(0, new_epoch=True)
     coord.admit(version=0)  # the bound is full: only the re-issued prompts go out
-    assert coord.submitted == 4
+    assert coord.slots_taken == 4
     reissued = {p.group_id for w in recv_all(a1, Work) for p in w.prompts}
     assert lost_ids <= reissued
     assert coord.stats["faults/actors_lost"] == 1

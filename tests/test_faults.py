@@ -123,3 +123,40 @@ def test_a_learner_killed_mid_run_resumes_with_continuous_steps(tiny_model, tmp_
     # the resumed learner started from the newest checkpoint at or before the kill
     checkpoint_step = killed_at - killed_at % 2
     assert rows[checkpoint_step + 1]["policy_version"] == checkpoint_step + 1
+
+
+def test_a_learner_killed_before_its_first_checkpoint_starts_again_cleanly_on_resume(
+        tiny_model, tmp_path):
+    """As a user meets it: killed after step 5 of 10 with no checkpoint yet (a SLURM job
+    requeued after a node failure gets the same `--resume`)."""
+    from learner.checkpoint import latest_checkpoint
+
+    run_dir = tmp_path / "early-crash"
+    steps = 10
+    proc = start_rlvr(*quick_run_args(run_dir, tiny_model, f"run.steps={steps}",
+                                      "run.checkpoint_every=100", "run.eval_every=100",
+                                      *FAST_FAULTS))
+    wait_for("step 5", lambda: last_step(run_dir) >= 5, proc)
+    os.kill(processes(run_dir)["learner"]["pid"], signal.SIGKILL)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert latest_checkpoint(run_dir) is None  # nothing to resume from
+    first_attempt = (run_dir / "metrics.jsonl").read_text()
+    killed_at = last_step(run_dir)
+    assert 5 <= killed_at < steps
+
+    resumed = run_rlvr("train", "--resume", str(run_dir), timeout_s=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "no complete checkpoint" in resumed.stdout + resumed.stderr
+    rows = read_rows(run_dir)
+    assert_steps_continuous(rows, steps)  # a whole new run, from step 0 (evaluation) on
+    assert_no_group_trained_twice(rows)
+    assert [r["policy_version"] for r in rows] == list(range(steps + 1))
+    # the first attempt's rows are kept, untouched, beside the new run and not mixed into it
+    aside = list((run_dir / "set-aside").iterdir())
+    assert len(aside) == 1 and aside[0].name.endswith("-no-checkpoint")
+    assert (aside[0] / "metrics.jsonl").read_text() == first_attempt
+    assert "no complete checkpoint" in (aside[0] / "NOTE.txt").read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["restarted_without_checkpoint"]["last_step"] == killed_at
+    assert summary["restarted_without_checkpoint"]["set_aside_in"] == str(aside[0])

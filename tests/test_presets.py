@@ -45,9 +45,9 @@ def test_drgrpo_and_rloo_change_only_the_advantage_and_aggregation(tmp_path):
     assert load_config(yaml_file(tmp_path), ["algorithm=rloo"]).loss.advantage == "rloo"
 
 
-def test_ar3po_is_staged_rollout_with_advantage_only_reuse(tmp_path):
+def test_ar3po_is_stop_on_correct_rollout_with_advantage_only_reuse(tmp_path):
     cfg = load_config(yaml_file(tmp_path), ["algorithm=ar3po"])
-    assert cfg.rollout.policy == "staged" and cfg.ar3po.reuse_mode == "advantage_only"
+    assert cfg.rollout.policy == "stop_on_correct" and cfg.ar3po.reuse_mode == "advantage_only"
     assert cfg.ar3po.stage_sizes == (4, 4)
 
 
@@ -55,6 +55,17 @@ def test_aero_is_explore_and_rescue_with_curation_population_std_and_entropy(tmp
     cfg = load_config(yaml_file(tmp_path), ["algorithm=aero"])
     assert cfg.rollout.policy == "aero" and cfg.aero.curate
     assert (cfg.loss.std_mode, cfg.loss.entropy_coef) == ("population", 1e-3)
+
+
+@pytest.mark.parametrize("name", ["aero", "hora"])
+def test_the_pooling_policies_hand_out_a_whole_step_as_one_work_item(tmp_path, name):
+    # AERO's rescue budget and HORA's allocation are pooled per step (4.4, 7.3), and the actor
+    # pools over its work item: the preset makes the two the same; an explicit value still wins
+    cfg = load_config(yaml_file(tmp_path), [f"algorithm={name}", "rollout.prompts_per_step=24"])
+    assert cfg.rollout.prompts_per_work is None and cfg.work_size == 24
+    mine = load_config(yaml_file(tmp_path), [f"algorithm={name}", "rollout.prompts_per_work=4"])
+    assert mine.work_size == 4
+    assert load_config(yaml_file(tmp_path), ["algorithm=grpo"]).work_size == 8
 
 
 def test_mugrpo_is_the_staged_schedule_with_ratio_to_behaviour_relaxed_clip_and_veto(tmp_path):
@@ -108,6 +119,8 @@ def test_an_unknown_algorithm_is_an_error_that_lists_the_choices(tmp_path):
 def test_a_bad_per_algorithm_value_names_its_key(tmp_path):
     with pytest.raises(ConfigError, match="ar3po: stage_sizes"):
         load_config(yaml_file(tmp_path), ["algorithm=ar3po", "ar3po.stage_sizes=[1,4]"])
+    with pytest.raises(ConfigError, match="ar3po: stage_sizes .* >= 2"):  # any stage (3.2)
+        load_config(yaml_file(tmp_path), ["algorithm=ar3po", "ar3po.stage_sizes=[4,1]"])
     with pytest.raises(ConfigError, match="aero"):
         load_config(yaml_file(tmp_path), ["aero.n_explore=20"])
 
@@ -127,7 +140,7 @@ def test_merge_under_fills_missing_keys_only_and_does_not_mutate_its_inputs():
 
 def test_the_tiny_cpu_default_is_ar3po_in_async_mode():
     cfg = load_config(Path(__file__).parents[1] / "configs" / "tiny-cpu.yaml")
-    assert (cfg.algorithm, cfg.mode, cfg.rollout.policy) == ("ar3po", "async", "staged")
+    assert (cfg.algorithm, cfg.mode, cfg.rollout.policy) == ("ar3po", "async", "stop_on_correct")
 
 
 def test_on_the_tiny_config_one_override_switches_to_the_staged_mugrpo_schedule():

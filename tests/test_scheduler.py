@@ -71,7 +71,7 @@ def first_correct_at(first: dict[int, int | None]):
     return lambda p, k: first[p] is not None and k >= first[p]
 
 
-STAGED = RolloutSpec(strategy="staged", max_new_tokens=16, stage_sizes=[2, 2, 4])
+STAGED = RolloutSpec(strategy="stop_on_correct", max_new_tokens=16, stage_sizes=[2, 2, 4])
 
 
 def test_fixed_gives_every_prompt_exactly_its_n_in_one_stage():
@@ -105,7 +105,7 @@ def test_siblings_of_a_first_correct_answer_are_aborted_and_counted():
     # stage of 4: sample 0 (correct) ends at step 2, sample 1 at 3, samples 2 and 3 need 9
     sim = Sim(RolloutScheduler(abort_on_first_correct=True), lambda p, k: k == 0,
               length=lambda p, k: [2, 3, 9, 9][k % 4])
-    out = sim.run(work(RolloutSpec(strategy="staged", max_new_tokens=16, stage_sizes=[4, 4]), 1))
+    out = sim.run(work(RolloutSpec(strategy="stop_on_correct", max_new_tokens=16, stage_sizes=[4, 4]), 1))
     r = out[0]
     assert [s.acc for s in r.samples] == [True, False]  # the group: the finished samples
     assert sorted(sim.aborted) == [(0, 2, 3), (0, 3, 3)]  # stopped at step 3, 3 tokens each
@@ -119,7 +119,7 @@ def test_the_abort_waits_until_the_group_has_a_baseline():
     # the correct sample finishes alone at step 2; the others would take 5, 9, 9 steps
     sim = Sim(RolloutScheduler(abort_on_first_correct=True), lambda p, k: k == 0,
               length=lambda p, k: [2, 5, 9, 9][k])
-    out = sim.run(work(RolloutSpec(strategy="staged", max_new_tokens=16, stage_sizes=[4, 4]), 1))
+    out = sim.run(work(RolloutSpec(strategy="stop_on_correct", max_new_tokens=16, stage_sizes=[4, 4]), 1))
     assert len(out[0].samples) == 2 and sim.step_no == 5
     assert sorted(n for _, _, n in sim.aborted) == [5, 5]
 
@@ -127,7 +127,7 @@ def test_the_abort_waits_until_the_group_has_a_baseline():
 def test_with_the_switch_off_a_stage_runs_all_its_samples():
     sim = Sim(RolloutScheduler(abort_on_first_correct=False), lambda p, k: k == 0,
               length=lambda p, k: [2, 3, 9, 9][k])
-    out = sim.run(work(RolloutSpec(strategy="staged", max_new_tokens=16, stage_sizes=[4, 4]), 1))
+    out = sim.run(work(RolloutSpec(strategy="stop_on_correct", max_new_tokens=16, stage_sizes=[4, 4]), 1))
     assert len(out[0].samples) == 4 and sim.aborted == [] and out[0].aborted_tokens == 0
 
 
@@ -135,14 +135,14 @@ def test_siblings_decode_on_until_the_verdict_arrives():
     # verdicts take 3 steps: the siblings (length 20) are aborted 3 steps after the correct one
     sim = Sim(RolloutScheduler(abort_on_first_correct=True), lambda p, k: k == 0,
               length=lambda p, k: [2, 2, 20, 20][k], verify_delay=3)
-    out = sim.run(work(RolloutSpec(strategy="staged", max_new_tokens=32, stage_sizes=[4]), 1))
+    out = sim.run(work(RolloutSpec(strategy="stop_on_correct", max_new_tokens=32, stage_sizes=[4]), 1))
     assert len(out[0].samples) == 2
     assert sorted(n for _, _, n in sim.aborted) == [5, 5]
 
 
 def test_a_sample_aborted_by_a_weight_sync_is_asked_for_again_in_its_stage():
     sched = RolloutScheduler(abort_on_first_correct=True)
-    acts = sched.add_work(work(RolloutSpec(strategy="staged", max_new_tokens=8,
+    acts = sched.add_work(work(RolloutSpec(strategy="stop_on_correct", max_new_tokens=8,
                                            stage_sizes=[2, 2]), 1))
     first, second = (r.request_id for r in acts.submit)
     again = sched.aborted(Aborted(first, tokens=3), resubmit=True)
@@ -159,7 +159,7 @@ def test_a_sample_aborted_by_a_weight_sync_is_asked_for_again_in_its_stage():
 
 def aero_spec(**kw) -> RolloutSpec:
     fields = dict(strategy="aero", max_new_tokens=4, aero_explore=4, aero_rescue_step=2,
-                  aero_max_rounds=10, aero_max_per_prompt=32, aero_budget=4)
+                  aero_max_rounds=10, aero_max_per_prompt=32, aero_rescue_budget_per_prompt=4)
     return RolloutSpec(**(fields | kw))
 
 
@@ -186,10 +186,10 @@ def test_aero_exploration_is_never_cut_short_but_rescue_rounds_stop_at_a_correct
 
 def test_aero_never_exceeds_the_per_prompt_cap_or_the_round_limit():
     out = Sim(RolloutScheduler(), first_correct_at({0: None, 1: None})).run(
-        work(aero_spec(aero_max_per_prompt=8, aero_budget=100), 2))
+        work(aero_spec(aero_max_per_prompt=8, aero_rescue_budget_per_prompt=100), 2))
     assert [len(out[p].samples) for p in (0, 1)] == [8, 8]
     out = Sim(RolloutScheduler(), first_correct_at({0: None})).run(
-        work(aero_spec(aero_max_rounds=1, aero_budget=100), 1))
+        work(aero_spec(aero_max_rounds=1, aero_rescue_budget_per_prompt=100), 1))
     assert len(out[0].samples) == 4 + 2
 
 
@@ -197,7 +197,7 @@ def test_aero_pays_rescue_rounds_from_the_pool_first_come_first_served():
     # pool of 3 pays one 2-response round: the prompt whose exploration ends first gets it
     sim = Sim(RolloutScheduler(), first_correct_at({0: None, 1: None, 2: None}),
               length=lambda p, k: 1 + p)
-    out = sim.run(work(aero_spec(aero_budget=1), 3))
+    out = sim.run(work(aero_spec(aero_rescue_budget_per_prompt=1), 3))
     assert [len(out[p].samples) for p in (0, 1, 2)] == [6, 4, 4]
 
 
@@ -205,3 +205,43 @@ def test_aero_with_a_threshold_also_rescues_prompts_with_few_successes():
     out = Sim(RolloutScheduler(), first_correct_at({0: 3, 1: 0})).run(
         work(aero_spec(aero_rescue_threshold=1), 2))  # prompt 0: 1 of 4 correct; 1: 4 of 4
     assert len(out[0].samples) == 6 and len(out[1].samples) == 4
+
+
+def work_with_priors(spec: RolloutSpec, priors: list[tuple[float, float]]) -> Work:
+    prompts = [Prompt(group_id=f"g{i}", prompt_id=f"p{i}", prompt_token_ids=[i], answer="ok", n=8,
+                      prior_correct=c, prior_incorrect=f) for i, (c, f) in enumerate(priors)]
+    return Work(protocol_version=1, policy_version=0, work_id="w1", prompts=prompts, rollout=spec)
+
+
+def hora_spec(**kw) -> RolloutSpec:
+    fields = dict(strategy="hora", max_new_tokens=4, hora_budget_per_prompt=8, hora_k_min=2,
+                  hora_k_max=32)
+    return RolloutSpec(**(fields | kw))
+
+
+def test_hora_allocates_the_work_items_budget_by_the_posterior_counts_in_one_stage():
+    sim = Sim(RolloutScheduler(), first_correct_at({0: None, 1: 0, 2: None, 3: 0}))
+    out = sim.run(work_with_priors(hora_spec(), [(0, 40), (40, 0), (2, 2), (0, 0)]))
+    sizes = [len(out[p].samples) for p in range(4)]
+    assert sum(sizes) == 8 * 4 and min(sizes) >= 2 and max(sizes) <= 32  # budget N per prompt
+    assert sizes[1] == 2  # a solved prompt is already sure to hit: only k_min
+    assert {stage for _, _, stage in sim.submitted_at} == {0}
+
+
+def test_hora_two_phase_probes_k_min_then_spends_the_rest_on_prompts_the_probe_missed():
+    # prompts 0 and 2 hit in the probe; 1 never hits; 3 would hit at its 3rd response. Prompt
+    # 0's probe is slow: the rest is allocated only when every probe is in.
+    sim = Sim(RolloutScheduler(), first_correct_at({0: 0, 1: None, 2: 1, 3: 2}),
+              length=lambda p, k: 9 if p == 0 else 2)
+    out = sim.run(work_with_priors(hora_spec(hora_two_phase=True), [(0, 0)] * 4))
+    second = [(step, p) for step, p, stage in sim.submitted_at if stage == 1]
+    assert {p for _, p in second} == {1, 3} and min(step for step, _ in second) == 9
+    assert len(second) == 8 * 4 - 2 * 4  # the whole rest of the budget
+    assert [len(out[p].samples) for p in (0, 2)] == [2, 2]
+    assert [s.stage for s in out[3].samples][:3] == [0, 0, 1]
+
+
+def test_hora_two_phase_samples_nothing_more_when_every_probe_hit():
+    sim = Sim(RolloutScheduler(), first_correct_at({0: 0, 1: 1}))
+    out = sim.run(work_with_priors(hora_spec(hora_two_phase=True), [(0, 0)] * 2))
+    assert [len(out[p].samples) for p in (0, 1)] == [2, 2]

@@ -196,6 +196,57 @@ def test_a_real_async_run_is_preempted_requeued_and_resumes_without_gaps(slurm_c
     assert set(by_actor) == {"0", "1"} and min(by_actor.values()) > 0
 
 
+def test_a_node_failure_before_the_first_checkpoint_requeues_into_a_clean_new_run(
+        slurm_cluster, tmp_path, tiny_model):
+    """The learner's node fails (its process SIGKILLed, no checkpoint written yet) and SLURM
+    requeues the job, as it does for a --requeue job on a failed node: the new run gets
+    `--resume`, finds no checkpoint, sets the first attempt's rows aside and starts at step 0."""
+    import signal
+
+    from tests.conftest import TINY, quick_run_args, read_rows
+
+    run_dir = tmp_path / "nodefail"
+    steps = 8
+    overrides = quick_run_args(run_dir, tiny_model, "algorithm=grpo", "mode=async",
+                               "max_staleness=1", f"run.steps={steps}", "run.eval_every=100",
+                               "run.checkpoint_every=100", "actors.heartbeat_s=0.5",
+                               "actors.heartbeat_timeout_s=6")[2:]
+    job = submit_with_cli(str(TINY), *overrides, "--nodes", "2", "--actors-per-node", "1",
+                          "--run-dir", str(run_dir), "--time", "10:00", "--signal-s", "60")
+    metrics = run_dir / "metrics.jsonl"
+    slurm_cluster.wait_for("three learner steps", lambda: metrics.exists() and len(
+        metrics.read_text().splitlines()) >= 4, 240, job)
+    learner = json.loads((run_dir / "processes.json").read_text())["learner"]["pid"]
+    os.kill(learner, signal.SIGKILL)
+    slurm_cluster.wait_for("the learner to be gone", lambda: _gone(learner), 30, job)
+    first_attempt = metrics.read_text()  # nobody writes it again until the requeued learner
+    assert not any((run_dir / "checkpoints").glob("step_*"))
+    subprocess.run(["scontrol", "requeue", job], check=True)  # what slurmctld does on NODE_FAIL
+    slurm_cluster.wait_for("the job to be requeued", lambda: (
+        slurm_cluster.job_lines(job) or [{}])[0].get("Restarts") == "1", 60, job)
+    slurm_cluster.wait_for("the requeued job to be pending", lambda: (
+        slurm_cluster.job_lines(job) or [{}])[0].get("JobState") == "PENDING", 60, job)
+    slurm_cluster.hurry(job)
+    assert slurm_cluster.wait_job(job, timeout_s=300) == ("COMPLETED", "0:0"), \
+        slurm_cluster.context(job)
+
+    rows = read_rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(steps + 1))  # a clean run, step 0 on
+    trained = [gid for r in rows for gid in r.get("groups/trained_ids", [])]
+    assert len(trained) == len(set(trained))
+    aside = list((run_dir / "set-aside").iterdir())
+    assert len(aside) == 1 and (aside[0] / "metrics.jsonl").read_text() == first_attempt
+    log = (run_dir / f"slurm-{job}.out").read_text()
+    assert f"job {job} restart 1" in log and "learner step exited 0" in log
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return ") Z " in Path(f"/proc/{pid}/stat").read_text()  # a zombie: dead, not reaped
+    except OSError:
+        return True
+
+
 def _actors(run_dir: Path) -> list[dict]:
     try:
         actors = json.loads((run_dir / "processes.json").read_text())["actors"]

@@ -89,7 +89,7 @@ def test_siblings_of_a_first_correct_answer_stop_and_are_counted(abort_on_first_
                           f"rollout.abort_on_first_correct={abort_on_first_correct}")
     try:
         learner.sync(AutoModelForCausalLM.from_pretrained(tiny_model), 0)
-        spec = RolloutSpec(strategy="staged", max_new_tokens=48, temperature=1.6,
+        spec = RolloutSpec(strategy="stop_on_correct", max_new_tokens=48, temperature=1.6,
                            stage_sizes=[8])
         questions = [(f"{a}+{b}=", str(a + b)) for a in range(1, 5) for b in range(1, 5)]
         learner.work([prompt(i, prompt_token_ids(tok, q), answer=ans)

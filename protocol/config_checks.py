@@ -1,0 +1,175 @@
+"""The values a run config refuses: anything that would do nothing, hang or divide by zero.
+
+What: `value_problems(cfg)` lists, one message per problem, every value of a built `Config`
+that cannot work, each message naming its dotted key; `Config.validate` raises them all at once
+(protocol/config.py), so `rlvr train` stops before any process starts. `RENAMED_VALUES` are old
+spellings of a value that a user's YAML may still hold: they are refused naming the new one.
+Why a module of its own: the checks span sections (weight_sync against the staleness bound,
+hora against rollout), and protocol/config.py stays the schema.
+
+Run the tests with: .venv/bin/python -m pytest tests/test_config_checks.py
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the schema imports this module
+    from protocol.config import Config
+
+# dotted key -> {old value: new value}; refused with a message naming the new value
+RENAMED_VALUES: dict[str, dict[str, str]] = {
+    "rollout.policy": {"staged": "stop_on_correct"},  # beside `mode: staged` (Mu-GRPO) it misled
+}
+
+
+def renamed_value_problems(data: dict, overrides) -> list[str]:
+    """Messages for old spellings in effect: the last `a.b=value` override of a key, else its
+    value in the YAML `data` (nested dicts). An override with the new value fixes an old file."""
+    import yaml
+
+    found = []
+    for key, renames in RENAMED_VALUES.items():
+        value = data
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        for text in overrides:
+            k, eq, raw = text.partition("=")
+            if eq and k.strip() == key:
+                try:
+                    value = yaml.safe_load(raw)
+                except yaml.YAMLError:
+                    pass  # the loader reports the bad override
+        if isinstance(value, str) and value in renames:
+            found.append(f"'{key}': {value!r} was renamed {renames[value]!r}; write "
+                         f"{key}: {renames[value]}")
+    return found
+
+
+def _positive(found: list[str], values: dict[str, float], what: str = "> 0") -> None:
+    for key, value in values.items():
+        bad = value is None or (value <= 0 if what == "> 0" else value < 0)
+        if bad or (isinstance(value, float) and not math.isfinite(value)):
+            found.append(f"'{key}' must be {what}, got {value}")
+
+
+def value_problems(cfg: Config) -> list[str]:
+    """Every value of `cfg` that would do nothing, hang or divide by zero (messages name keys)."""
+    found: list[str] = []
+    r, run, t, a, ws = cfg.rollout, cfg.run, cfg.task, cfg.actors, cfg.weight_sync
+    _positive(found, {
+        "run.eval_every": run.eval_every,  # step % eval_every
+        "run.keep_checkpoints": run.keep_checkpoints,
+        "rollout.prompts_per_step": r.prompts_per_step,
+        "rollout.prompts_per_work": cfg.work_size,
+        "rollout.max_new_tokens": r.max_new_tokens,
+        "task.eval_samples": t.eval_samples,  # avg@k divides by k
+        "actors.threads": a.threads, "actors.max_batch": a.max_batch,
+        "actors.heartbeat_s": a.heartbeat_s, "actors.verifier_timeout_s": a.verifier_timeout_s,
+        "learner.threads": cfg.learner.threads, "learner.micro_batch": cfg.learner.micro_batch,
+        "weight_sync.timeout_s": ws.timeout_s, "weight_sync.bucket_mb": ws.bucket_mb,
+        "warm_start.batch_size": cfg.warm_start.batch_size, "warm_start.lr": cfg.warm_start.lr,
+        "optim.lr": cfg.optim.lr,
+        "model.hidden": cfg.model.hidden, "model.layers": cfg.model.layers,
+        "model.heads": cfg.model.heads, "model.ffn": cfg.model.ffn,
+    })
+    _positive(found, {"run.checkpoint_every": run.checkpoint_every,
+                      "warm_start.steps": cfg.warm_start.steps,
+                      "optim.warmup_steps": cfg.optim.warmup_steps,
+                      "optim.weight_decay": cfg.optim.weight_decay,
+                      "optim.grad_clip": cfg.optim.grad_clip}, ">= 0")
+    # sampling: the behaviour log-probs and the learner's policy must be the same distribution
+    if not r.temperature > 0:
+        found.append(f"'rollout.temperature' must be > 0, got {r.temperature}: the policy is "
+                     "softmax(logits / temperature); greedy decoding has no log-probs to train on")
+    if r.top_p != 1.0:
+        found.append(
+            f"'rollout.top_p' must be 1.0 for training, got {r.top_p}: the learner's policy is the "
+            "full softmax, while under top-p the tokens come from the renormalised nucleus, and "
+            "the engines disagree on which log-prob they report (HF: before top-p, vLLM: after), "
+            "so the importance ratios would be wrong in one engine or the other")
+    if cfg.model.heads > 0 and cfg.model.hidden % cfg.model.heads:
+        found.append(f"'model.hidden' ({cfg.model.hidden}) must be a multiple of 'model.heads' "
+                     f"({cfg.model.heads})")
+    if not 0 <= cfg.optim.zero_stage <= 3:
+        found.append(f"'optim.zero_stage' must be 0, 1, 2 or 3, got {cfg.optim.zero_stage}")
+    if not 0 <= cfg.warm_start.label_noise <= 1:
+        found.append(f"'warm_start.label_noise' must be in [0, 1], got {cfg.warm_start.label_noise}")
+    if not 0 < a.gpu_memory_utilization <= 1:
+        found.append(f"'actors.gpu_memory_utilization' must be in (0, 1], got "
+                     f"{a.gpu_memory_utilization}")
+    if a.max_model_len is not None and a.max_model_len < 1:
+        found.append(f"'actors.max_model_len' must be >= 1 or null, got {a.max_model_len}")
+    for key in ("zmq_port", "weights_port", "master_port"):
+        if not 0 <= getattr(cfg.net, key) <= 65535:
+            found.append(f"'net.{key}' must be a port in 0..65535 (0 = pick one), got "
+                         f"{getattr(cfg.net, key)}")
+    if r.abort_on_first_correct and (r.policy == "fixed"
+                                     or (r.policy == "hora" and not cfg.hora.two_phase)):
+        found.append(f"'rollout.abort_on_first_correct' does nothing with rollout.policy "
+                     f"{r.policy!r}{' (one phase)' if r.policy == 'hora' else ''}: only stages "
+                     "that stop at a correct answer (stop_on_correct, aero's rescue rounds, "
+                     "hora.two_phase's second phase) have samples to abort")
+    found += _task_problems(cfg)
+    found += _loss_problems(cfg)
+    found += _weight_sync_problems(cfg)
+    return found
+
+
+def _task_problems(cfg: Config) -> list[str]:
+    t, found = cfg.task, []
+    if t.kind != "arithmetic":
+        return found
+    if not t.levels or min(t.levels) < 1:
+        found.append(f"'task.levels' must be a non-empty list of digit counts >= 1, got "
+                     f"{list(t.levels)}")
+    weights = {"task.level_weights": t.level_weights}
+    if cfg.warm_start.level_weights is not None:
+        weights["warm_start.level_weights"] = cfg.warm_start.level_weights
+    for key, w in weights.items():
+        if any(x < 0 for x in w) or not sum(w) > 0:
+            found.append(f"'{key}' must be >= 0 with a positive sum, got {list(w)}")
+    if t.eval_per_level < 1:
+        found.append(f"'task.eval_per_level' must be >= 1 (the held-out set would be empty), got "
+                     f"{t.eval_per_level}")
+    return found
+
+
+def _loss_problems(cfg: Config) -> list[str]:
+    loss, found = cfg.loss, []
+    if not 0 <= loss.clip_low <= 1 or loss.clip_high < 0:
+        found.append(f"'loss.clip_low' must be in [0, 1] and 'loss.clip_high' >= 0, got "
+                     f"{loss.clip_low} and {loss.clip_high}")
+    if loss.dual_clip is not None and not loss.dual_clip > 1:
+        found.append(f"'loss.dual_clip' must be > 1 or null, got {loss.dual_clip}")
+    if not loss.behav_weight_cap > 0:
+        found.append(f"'loss.behav_weight_cap' must be > 0, got {loss.behav_weight_cap}")
+    return found
+
+
+def _weight_sync_problems(cfg: Config) -> list[str]:
+    """sync_every against the schedule: 0 divides by zero; in sync mode anything but 1 makes
+    every group stale (the actors sample with older weights than the learner trains); under
+    `drop`, a period above max_staleness + 1 makes every group of the step before a sync too
+    stale, so that step never fills (ALGORITHMS.md 8.2); in staged mode weights move only
+    between stages, so the key does nothing."""
+    k, found = cfg.weight_sync.sync_every, []
+    if k < 1:
+        return [f"'weight_sync.sync_every' must be >= 1, got {k}"]
+    match cfg.mode:
+        case "sync" if k != 1:
+            found.append(f"'weight_sync.sync_every' must be 1 in mode sync (got {k}): the actors "
+                         "would sample with weights older than the learner's, so no group is "
+                         "ever on-policy")
+        case "staged" if k != 1:
+            found.append(f"'weight_sync.sync_every' does nothing in mode staged (got {k}): weights "
+                         "move to the actors only between stages (mugrpo.updates_per_stage)")
+        case "async" if cfg.stale_policy == "drop" and k > cfg.max_staleness + 1:
+            found.append(
+                f"'weight_sync.sync_every' ({k}) must be <= max_staleness + 1 "
+                f"({cfg.max_staleness + 1}) with stale_policy 'drop': the step before a sync "
+                f"trains on weights {k - 1} versions old at best, every group would be dropped "
+                "and the learner would never step (raise max_staleness, or use stale_policy "
+                "'tis' or 'downweight')")
+    return found

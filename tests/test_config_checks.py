@@ -1,0 +1,110 @@
+"""Config values that would do nothing, hang or divide by zero are refused before any process
+starts, each with a message that names its key (protocol/config_checks.py); old spellings of a
+renamed value name the new one."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from protocol.config import ConfigError, load_config, with_overrides
+
+TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.yaml"
+
+
+def refusal(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_config(TINY, list(overrides))
+    return str(e.value)
+
+
+# each case: overrides -> the key the message must name (and a word of why)
+REFUSED = [
+    (["weight_sync.sync_every=0"], "'weight_sync.sync_every' must be >= 1"),
+    (["mode=async", "max_staleness=1", "weight_sync.sync_every=3"],
+     r"'weight_sync.sync_every' \(3\) must be <= max_staleness \+ 1 \(2\)"),
+    (["mode=sync", "weight_sync.sync_every=2"], "'weight_sync.sync_every' must be 1 in mode sync"),
+    (["algorithm=mugrpo", "weight_sync.sync_every=2"],
+     "'weight_sync.sync_every' does nothing in mode staged"),
+    (["rollout.top_p=0.9"], "'rollout.top_p' must be 1.0 for training"),
+    (["rollout.temperature=0"], "'rollout.temperature' must be > 0"),
+    (["rollout.prompts_per_step=0"], "'rollout.prompts_per_step' must be > 0"),
+    (["rollout.prompts_per_work=0"], "'rollout.prompts_per_work' must be > 0"),
+    (["rollout.max_new_tokens=0"], "'rollout.max_new_tokens' must be > 0"),
+    (["run.eval_every=0"], "'run.eval_every' must be > 0"),
+    (["run.checkpoint_every=-1"], "'run.checkpoint_every' must be >= 0"),
+    (["run.keep_checkpoints=0"], "'run.keep_checkpoints' must be > 0"),
+    (["task.eval_samples=0"], "'task.eval_samples' must be > 0"),
+    (["task.eval_per_level=0"], "'task.eval_per_level' must be >= 1"),
+    (["task.levels=[]", "task.level_weights=[]", "warm_start.level_weights=null"],
+     "'task.levels' must be a non-empty list"),
+    (["task.level_weights=[0,0,0]"], "'task.level_weights' must be >= 0 with a positive sum"),
+    (["warm_start.level_weights=[0.5,-1,0]"], "'warm_start.level_weights' must be >= 0"),
+    (["warm_start.label_noise=1.5"], "'warm_start.label_noise' must be in"),
+    (["warm_start.batch_size=0"], "'warm_start.batch_size' must be > 0"),
+    (["optim.lr=0"], "'optim.lr' must be > 0"),
+    (["optim.grad_clip=-1"], "'optim.grad_clip' must be >= 0"),
+    (["optim.zero_stage=4"], "'optim.zero_stage' must be 0, 1, 2 or 3"),
+    (["actors.threads=0"], "'actors.threads' must be > 0"),
+    (["actors.max_batch=0"], "'actors.max_batch' must be > 0"),
+    (["actors.heartbeat_s=0"], "'actors.heartbeat_s' must be > 0"),
+    (["actors.verifier_timeout_s=0"], "'actors.verifier_timeout_s' must be > 0"),
+    (["actors.gpu_memory_utilization=0"], "'actors.gpu_memory_utilization' must be in"),
+    (["learner.micro_batch=0"], "'learner.micro_batch' must be > 0"),
+    (["weight_sync.timeout_s=0"], "'weight_sync.timeout_s' must be > 0"),
+    (["weight_sync.bucket_mb=0"], "'weight_sync.bucket_mb' must be > 0"),
+    (["net.zmq_port=70000"], "'net.zmq_port' must be a port"),
+    (["model.hidden=130"], "'model.hidden' .* must be a multiple of 'model.heads'"),
+    (["model.layers=0"], "'model.layers' must be > 0"),
+    (["loss.clip_low=1.5"], "'loss.clip_low' must be in"),
+    (["loss.dual_clip=1.0"], "'loss.dual_clip' must be > 1"),
+    (["loss.behav_weight_cap=0"], "'loss.behav_weight_cap' must be > 0"),
+    (["algorithm=grpo", "rollout.abort_on_first_correct=true"],
+     "'rollout.abort_on_first_correct' does nothing with rollout.policy 'fixed'"),
+    (["algorithm=hora", "rollout.abort_on_first_correct=true"],
+     "'rollout.abort_on_first_correct' does nothing .* 'hora' \\(one phase\\)"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", REFUSED, ids=[m.split("'")[1] + "/" + o[-1]
+                                                            for o, m in REFUSED])
+def test_a_value_that_cannot_work_is_refused_naming_its_key(overrides, message):
+    text = refusal(*overrides)
+    assert re.search(message, text), text
+
+
+def test_sync_every_within_the_staleness_bound_or_with_a_keeping_policy_is_accepted():
+    ok = load_config(TINY, ["mode=async", "max_staleness=2", "weight_sync.sync_every=3"])
+    assert ok.weight_sync.sync_every == 3
+    tis = load_config(TINY, ["mode=async", "max_staleness=0", "weight_sync.sync_every=4",
+                             "stale_policy=tis"])
+    assert tis.weight_sync.sync_every == 4
+
+
+def test_every_problem_is_listed_at_once():
+    text = refusal("run.eval_every=0", "rollout.top_p=0.5")
+    assert "'run.eval_every'" in text and "'rollout.top_p'" in text
+
+
+def test_the_old_staged_rollout_policy_is_refused_naming_stop_on_correct(tmp_path):
+    assert "'rollout.policy': 'staged' was renamed 'stop_on_correct'" in \
+        refusal("rollout.policy=staged")
+    old_yaml = tmp_path / "old.yaml"
+    old_yaml.write_text("algorithm: ar3po\nrollout:\n  policy: staged\n")
+    with pytest.raises(ConfigError, match="renamed 'stop_on_correct'"):
+        load_config(old_yaml)
+    with pytest.raises(ConfigError, match="renamed 'stop_on_correct'"):
+        with_overrides(load_config(TINY), ["rollout.policy=staged"])
+    assert load_config(old_yaml, ["rollout.policy=stop_on_correct"]).rollout.policy == \
+        "stop_on_correct"
+
+
+def test_a_bad_value_is_refused_by_rlvr_train_before_anything_starts(tmp_path):
+    from rlvr.launch import train
+
+    with pytest.raises(ConfigError, match="'weight_sync.sync_every' must be >= 1"):
+        train(str(TINY), [f"run.out_dir={tmp_path}", "weight_sync.sync_every=0"], None,
+              dry_run=True)
+    assert not any(tmp_path.iterdir())

@@ -1,0 +1,75 @@
+"""Generation cost counts every generated response (ALGORITHMS.md 3.7): groups dropped as too
+stale at consumption were generated all the same, so they count in `gen/responses_per_*`.
+
+The learner's own gathering loop (`Learner._gather`) runs here against a scripted coordinator:
+the groups arrive as they would from the actors, one of them staler than the bound."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from learner.algorithms import AlgorithmState
+from learner.groups import group_metrics
+from learner.trainer import Learner
+from protocol.config import Config, build
+from protocol.messages import Group, Sample
+from protocol.presets import merge_under, preset
+
+
+def config(*overrides: str) -> Config:
+    return build(Config, merge_under(preset("grpo"), {"algorithm": "grpo"}),
+                 ["mode=async", "max_staleness=1", "rollout.prompts_per_step=2", *overrides])
+
+
+def group(gid: str, version: int, n: int, gen_time_s: float = 0.5) -> Group:
+    samples = [Sample(token_ids=[5] * 3, logprobs=[-0.1] * 3, policy_version=version,
+                      reward=float(i == 0), acc=i == 0, truncated=False) for i in range(n)]
+    return Group(protocol_version=3, policy_version=version, group_id=gid, prompt_id=gid,
+                 actor_id=0, work_id="w", prompt_token_ids=[1], samples=samples,
+                 gen_time_s=gen_time_s)
+
+
+class ScriptedCoordinator:
+    """The groups the actors sent, in arrival order; counts released admission slots."""
+
+    def __init__(self, groups: list[Group]):
+        self.ready, self.released = list(groups), 0
+
+    def take(self, count: int) -> list[Group]:
+        taken, self.ready = self.ready[:count], self.ready[count:]
+        return taken
+
+    def release(self, groups: int) -> None:
+        self.released += groups
+
+    def poll(self, timeout_s: float) -> bool:
+        return False
+
+
+def gather(cfg: Config, arrivals: list[Group], version: int):
+    learner = SimpleNamespace(cfg=cfg, coord=ScriptedCoordinator(arrivals), version=version,
+                              gen_batch=cfg.rollout.prompts_per_step, algo=AlgorithmState(cfg),
+                              _admit=lambda: None, _keep_actors=lambda: None)
+    return (*Learner._gather(learner), learner.coord)
+
+
+def test_a_stale_dropped_group_counts_in_the_steps_generation_cost():
+    # learner at version 5, bound 1: the group sampled with version 2 is dropped, and replaced
+    arrivals = [group("old", 2, n=8), group("a", 5, n=8), group("b", 4, n=6)]
+    kept, generated, dropped, info, coord = gather(config(), arrivals, version=5)
+    assert [g.group_id for g in kept] == ["a", "b"] and [g.group_id for g in dropped] == ["old"]
+    assert coord.released == 1  # its admission slot went to a replacement
+    m = group_metrics(generated, dropped)
+    assert m["gen/responses_per_step"] == 8 + 8 + 6  # the dropped group's 8 included
+    assert m["gen/responses_dropped_stale"] == 8
+    assert m["gen/responses_per_prompt"] == (8 + 8 + 6) / 3  # 3 prompts were generated for
+    assert m["gen/tokens"] == 3 * (8 + 8 + 6) and m["perf/actor_gen_s"] == 1.5
+    # the raw group statistics describe what reached the step, not the dropped group
+    assert m["groups/frac_all_fail_raw"] == 0.0 and m["resp/len_mean"] == 3.0
+    assert info["stale/dropped_frac"] == 1 / 3
+
+
+def test_without_drops_the_cost_is_that_of_the_consumed_groups():
+    kept, generated, dropped, _, coord = gather(config(), [group("a", 5, 8), group("b", 5, 4)], 5)
+    assert dropped == [] and coord.released == 0
+    assert group_metrics(generated, dropped)["gen/responses_per_step"] == 12
