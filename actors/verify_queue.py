@@ -18,7 +18,7 @@ import queue
 import threading
 from collections.abc import Hashable
 
-from tasks.verifier import Verifier
+from tasks.verifier import Verifier, quick_verdict
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +78,18 @@ class VerifyQueue:
             self._done.put(None)  # wake a waiting caller
 
     def _score(self, batch: list[tuple]) -> None:
-        verdicts = self.verifier.score([r for _, r, _ in batch], [a for _, _, a in batch])
-        for (key, _, _), ok in zip(batch, verdicts):
-            self._done.put((key, ok))
+        # the verdicts the text settles go back at once, not after the batch's math-verify calls
+        slow = []
+        for item in batch:
+            verdict = quick_verdict(item[1], item[2])
+            if verdict is None:
+                slow.append(item)
+            else:
+                self._done.put((item[0], verdict))
+        if slow:
+            verdicts = self.verifier.score([r for _, r, _ in slow], [a for _, _, a in slow])
+            for (key, _, _), ok in zip(slow, verdicts):
+                self._done.put((key, ok))
 
     def close(self) -> None:
         """Stop the thread after what is queued (the verifier itself is the caller's)."""

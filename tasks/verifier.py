@@ -73,6 +73,15 @@ def extract_boxed(text: str) -> str | None:
     return found
 
 
+def quick_verdict(response: str, answer: str) -> bool | None:
+    """The verdict when the text alone settles it, without math-verify: no complete \\boxed{}
+    is False, a boxed text equal to the answer is True; None = math-verify must judge."""
+    boxed = extract_boxed(response)
+    if boxed is None:
+        return False
+    return True if boxed.strip() == answer.strip() else None
+
+
 def math_equal(boxed: str, answer: str) -> bool:
     """math-verify's verdict on a boxed prediction against a reference answer.
 
@@ -226,11 +235,11 @@ class Verifier:
         results = [False] * len(responses)
         boxed_of: dict[int, str] = {}
         for i, (response, answer) in enumerate(zip(responses, answers)):
-            boxed = extract_boxed(response)
-            if boxed is not None and boxed.strip() == answer.strip():
-                results[i] = True
-            elif boxed is not None:
-                boxed_of[i] = boxed
+            verdict = quick_verdict(response, answer)
+            if verdict is None:
+                boxed_of[i] = extract_boxed(response)
+            else:
+                results[i] = verdict
         if boxed_of:
             with self._lock:
                 if self._closed:  # closed by another thread meanwhile

@@ -49,3 +49,23 @@ def test_math_verify_verdicts_through_the_queue():
             assert got == {0: True, 1: True, 2: False}
         finally:
             q.close()
+
+
+def test_a_verdict_the_text_settles_does_not_wait_for_math_verify_on_its_batch_mates():
+    with Verifier(timeout_s=5.0, check=sleepy_check) as verifier:
+        verifier.score(["\\boxed{warm-up}"], ["x"])  # the child is up
+        q = VerifyQueue(verifier)
+        try:
+            q.put("slow-1", "\\boxed{1!}", "1")  # the thread takes it alone: 0.5 s in the child
+            time.sleep(0.1)
+            q.put("slow-2", "\\boxed{2!}", "2")  # queued meanwhile, one batch with the next
+            q.put("quick", "\\boxed{3}", "3")
+            arrived = {}
+            t0 = time.monotonic()
+            while len(arrived) < 3 and time.monotonic() - t0 < 30:
+                for key, ok in q.results(wait_s=0.05):
+                    arrived[key] = (ok, time.monotonic() - t0)
+            assert all(ok for ok, _ in arrived.values())
+            assert arrived["quick"][1] < arrived["slow-2"][1] - 0.3
+        finally:
+            q.close()
