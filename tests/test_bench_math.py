@@ -205,6 +205,39 @@ def test_throughput_summary_without_a_sync_run_has_no_bound():
     assert s["targets"]["async_speedup_vs_sync"]["met"] is None
 
 
+def test_learner_wait_per_sync_of_each_inflight_policy_and_the_5x_targets():
+    def run(wait_s):
+        rows = throughput_run(1.0, 0.5)
+        for r in rows[1:]:
+            r.update({"sync/learner_wait_s": wait_s, "groups/trained_ids": ["a", "b"],
+                      "gen/aborted_tokens": 4, "gen/version_spread_max": 1})
+        return rows
+    s = throughput.summarize({"async_s2_finish": run(0.10), "async_s2_continue": run(0.01),
+                              "async_s2_abort": run(0.04)}, actors=1)
+    m = s["modes"]["async_s2_continue"]
+    assert m["learner_wait_s_per_sync"] == pytest.approx(0.01)
+    assert m["gen_tokens_per_trained_prompt"] == pytest.approx(60 / 2)
+    assert m["aborted_tokens_per_step"] == 4 and m["version_spread_max"] == 1
+    t = s["targets"]
+    assert t["learner_wait_continue_5x_below_finish"]["value"] == pytest.approx(10.0)
+    assert t["learner_wait_continue_5x_below_finish"]["met"] is True
+    assert t["learner_wait_abort_5x_below_finish"]["met"] is False  # 2.5x
+    assert "learner wait ms/sync" in throughput.report(s)
+
+
+def test_abort_on_first_correct_targets_compare_tokens_per_trained_prompt_and_accuracy():
+    def seeds(tokens, acc):
+        return [[eval_row(0, 0.4, 0.0),
+                 {"step": 1, "time_s": 1.0, "gen/responses_per_step": 10, "gen/tokens": tokens,
+                  "groups/trained_ids": ["a", "b", "c", "d"], "eval/avg@8": acc}]] * 3
+    s = efficiency.summarize({"ar3po": seeds(90, 0.60), "ar3po_no_abort": seeds(100, 0.61)},
+                             target_acc=0.5)
+    assert s["algorithms"]["ar3po"]["gen_tokens_per_trained_prompt"]["mean"] == 22.5
+    t = s["targets"]
+    assert t["ar3po_abort_fewer_tokens_per_trained_prompt"]["met"] is True  # 22.5 < 25
+    assert t["ar3po_abort_accuracy_within_2pt"]["met"] is True  # 0.60 >= 0.61 - 0.02
+
+
 # -- weights and transport -----------------------------------------------------------------------
 
 def test_timed_rounds_leave_out_the_warm_up_round():

@@ -56,6 +56,7 @@ def bench(args) -> int:
 
 def _check_bench_args(args) -> None:
     """Refuse unknown algorithm and mode names and empty sweeps before any run starts."""
+    from rlvr.bench.efficiency import VARIANTS
     from rlvr.bench.throughput import MODES
     from protocol.presets import ALGORITHMS
 
@@ -63,9 +64,10 @@ def _check_bench_args(args) -> None:
         raise SystemExit(f"rlvr bench {args.kind}: {what}")
 
     if args.kind == "efficiency":
-        unknown = [a for a in _names(args.algorithms) if a not in ALGORITHMS]
+        known = [*ALGORITHMS, *VARIANTS]
+        unknown = [a for a in _names(args.algorithms) if a not in known]
         if unknown or not _names(args.algorithms):
-            refuse(f"--algorithms: unknown {unknown}; choose from {list(ALGORITHMS)}")
+            refuse(f"--algorithms: unknown {unknown}; choose from {known}")
         if args.seeds < 1:
             refuse("--seeds must be >= 1")
     if args.kind == "throughput":
@@ -90,7 +92,7 @@ def _with_steps(overrides: list[str], steps: int | None) -> list[str]:
 def add_cli(sub) -> None:
     """Add `bench` and its four kinds to the `rlvr` subcommands."""
     from rlvr.bench.efficiency import ALGORITHMS as BENCHED
-    from rlvr.bench.throughput import MODES
+    from rlvr.bench.throughput import DEFAULT_MODES, MODES
 
     b = sub.add_parser("bench", help="benchmarks: efficiency, throughput, weights, transport")
     kinds = b.add_subparsers(dest="kind", required=True)
@@ -113,7 +115,8 @@ def add_cli(sub) -> None:
                    help="eval/avg@8 to count responses until (default: the lowest mean final "
                         "eval/avg@8 among the algorithms)")
     t = kinds.choices["throughput"]
-    t.add_argument("--modes", default=",".join(MODES), help=f"comma-separated of {list(MODES)}")
+    t.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                   help=f"comma-separated of {list(MODES)}")
     t.add_argument("--skip-first", type=int,
                    help="steps left out at the start of the steady window (default steps/10)")
     w = kinds.choices["weights"]

@@ -15,6 +15,10 @@ From each run's metrics.jsonl (rlvr/bench/reduce.py):
     `run.eval_every` steps, so the count is rounded up to the next evaluation);
   - final eval/avg@8 and eval/pass@8, and training wall time (mean and spread over seeds);
   - reduction factors: a baseline's responses per step / the algorithm's.
+Besides the presets, `--algorithms` takes the variants in VARIANTS: `ar3po_no_abort` is AR3PO
+with rollout.abort_on_first_correct off (a stage runs all its samples), so
+`--algorithms ar3po,ar3po_no_abort --seeds 3` measures what aborting the siblings of a first
+correct answer saves (tokens generated per trained prompt) and whether it costs accuracy.
 Writes DIR/results.json, DIR/*.png and prints the tables.
 """
 
@@ -29,6 +33,9 @@ from rlvr.bench.reduce import (combine_seeds, default_target_acc, efficiency_tar
 from learner.run_log import read_metrics
 
 ALGORITHMS = ("grpo", "dapo", "ar3po", "aero", "hora")
+VARIANTS = {  # name -> (algorithm preset, overrides on top)
+    "ar3po_no_abort": ("ar3po", ["rollout.abort_on_first_correct=false"]),
+}
 
 
 def run(config: str, out_dir: Path, overrides: list[str], steps: int | None, seeds: int,
@@ -41,7 +48,8 @@ def run(config: str, out_dir: Path, overrides: list[str], steps: int | None, see
     launches: dict[str, list[dict]] = {}
     for name in algorithms:
         for seed in range(seeds):
-            variant = [f"algorithm={name}", f"run.seed={seed}"]
+            algorithm, extra = VARIANTS.get(name, (name, []))
+            variant = [f"algorithm={algorithm}", *extra, f"run.seed={seed}"]
             run_dir, launch = train_run(config, out_dir, f"{name}-s{seed}",
                                         run_overrides(overrides, steps, variant))
             runs.setdefault(name, []).append(run_dir)
@@ -100,11 +108,13 @@ def report(results: dict) -> str:
         f = results["reductions"].get(name, {})
         rows.append([name, _pm(a["responses_per_step"], 1), _pm(a["responses_per_prompt"]),
                      _pm(a["responses_per_trained_prompt"]), _pm(a["total_gen_tokens"], 0),
+                     _pm(a.get("gen_tokens_per_trained_prompt"), 1),
                      f"{_pm(a['responses_to_target'], 0)} ({a['reached_target']}/{a['seeds']})",
                      _pm(a["eval_avg@8"], 3), _pm(a["eval_pass@8"], 3), _pm(a["wall_s"], 1),
                      f.get("vs_dapo"), f.get("vs_grpo")])
     table = markdown_table(
         ["algorithm", "responses/step", "resp/prompt", "resp/trained prompt", "gen tokens",
+         "tokens/trained prompt",
          f"responses to avg@8 >= {results['target_acc'] or 0:.3f} (seeds)", "eval/avg@8",
          "eval/pass@8", "wall s", "x fewer than dapo", "x fewer than grpo"], rows)
     return f"{table}\n{targets_table(results['targets'])}"

@@ -82,6 +82,18 @@ def step_gen_tokens(row: dict) -> float | None:
     return None
 
 
+def step_trained_prompts(row: dict) -> int | None:
+    """Prompts (groups) whose responses reached this step's loss."""
+    ids = row.get("groups/trained_ids")
+    return len(ids) if isinstance(ids, list) else None
+
+
+def tokens_per_trained_prompt(rows: list[dict]) -> float | None:
+    """Tokens generated (aborted partial responses included) per prompt that was trained on."""
+    return ratio(total(step_gen_tokens(r) for r in rows),
+                 total(step_trained_prompts(r) for r in rows))
+
+
 def step_train_tokens(row: dict) -> float | None:
     """Response tokens in the step's loss: the update's tokens/s times its compute seconds."""
     rate, seconds = row.get("perf/train_tokens_per_s"), row.get("timing/update")
@@ -131,6 +143,8 @@ def run_efficiency(rows: list[dict], target_acc: float | None) -> dict:
         "responses_per_trained_prompt": mean(values(train, "gen/responses_per_trained_prompt")),
         "total_responses": total(values(train, "gen/responses_per_step")),
         "total_gen_tokens": total(step_gen_tokens(r) for r in train),
+        "gen_tokens_per_trained_prompt": tokens_per_trained_prompt(train),
+        "aborted_tokens": total(values(train, "gen/aborted_tokens")),
         "responses_to_target": reached["responses"] if reached else None,
         "steps_to_target": reached["step"] if reached else None,
         "eval_avg@8_initial": evals[0][EVAL_AVG] if evals and evals[0].get("step") == 0 else None,
@@ -216,6 +230,11 @@ def run_throughput(rows: list[dict], actors: int, skip_first: int = 1) -> dict:
         "learner_busy_frac": None if idle_frac is None else 1.0 - idle_frac,
         "actor_busy_frac": ratio(gen_s, seconds * actors if seconds else None),
         "sync_s_per_step": mean(values(window, "timing/sync")),
+        # from telling the actors to sync to the last one holding the weights (one per sync)
+        "learner_wait_s_per_sync": mean(values(window, "sync/learner_wait_s")),
+        "gen_tokens_per_trained_prompt": tokens_per_trained_prompt(window),
+        "aborted_tokens_per_step": mean(values(window, "gen/aborted_tokens")),
+        "version_spread_max": max(values(window, "gen/version_spread_max"), default=None),
         "responses_per_step": mean(values(window, "gen/responses_per_step")),
         "stale_max": max(values(window, "stale/max"), default=None),
         "G_s": mean(values(window, "perf/learner_idle_s")),
@@ -289,7 +308,19 @@ def efficiency_targets(algorithms: dict[str, dict], reduction_vs_dapo: float | N
         return algorithms.get(name, {}).get("eval_avg@8", {}).get("mean")
 
     dapo, grpo = final("dapo"), final("grpo")
-    return {
+    out = {}
+    if "ar3po_no_abort" in algorithms and "ar3po" in algorithms:  # abort on first correct
+        def per_prompt(name: str) -> float | None:
+            return algorithms[name].get("gen_tokens_per_trained_prompt", {}).get("mean")
+
+        off = final("ar3po_no_abort")
+        out["ar3po_abort_fewer_tokens_per_trained_prompt"] = target(
+            "ar3po tokens/trained prompt < ar3po_no_abort's", per_prompt("ar3po"), "<",
+            per_prompt("ar3po_no_abort"))
+        out["ar3po_abort_accuracy_within_2pt"] = target(
+            "ar3po final eval/avg@8 >= ar3po_no_abort's - 0.02", final("ar3po"), ">=",
+            off - 0.02 if is_number(off) else None)
+    return out | {
         "ar3po_4x_fewer_responses_than_dapo": target(
             "dapo responses/step / ar3po responses/step >= 4", reduction_vs_dapo, ">=", 4.0),
         "ar3po_accuracy_within_2pt_of_dapo": target(
@@ -305,7 +336,15 @@ def throughput_targets(modes: dict[str, dict], bound: float | None, async_mode: 
     a, s = modes.get(async_mode, {}), modes.get(sync_mode, {})
     speedup = ratio(a.get("steps_per_min"), s.get("steps_per_min"))
     sync_acc = s.get("eval_avg@8")
-    return {
+    out = {}
+    finish = modes.get("async_s2_finish", {}).get("learner_wait_s_per_sync")
+    for policy in ("continue", "abort"):  # the in-flight weight update policies (8.1)
+        if f"async_s2_{policy}" in modes and "async_s2_finish" in modes:
+            out[f"learner_wait_{policy}_5x_below_finish"] = target(
+                f"learner wait per sync: async_s2_finish / async_s2_{policy} >= 5",
+                ratio(finish, modes[f"async_s2_{policy}"].get("learner_wait_s_per_sync")),
+                ">=", 5.0)
+    return out | {
         "async_fraction_of_overlap_bound": target(
             f"{async_mode} speedup / overlap bound >= 0.9", ratio(speedup, bound), ">=", 0.9),
         "async_speedup_vs_sync": target(

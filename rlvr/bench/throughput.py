@@ -8,6 +8,12 @@ Trains the config's algorithm for the same number of steps in each schedule (`--
   staged     mode=staged (Mu-GRPO's schedule: stages of mugrpo.updates_per_stage steps sampled
              with the stage's weights; the algorithm's loss is kept, `algorithm=mugrpo` would
              also swap in Mu-GRPO's loss and fixed-N sampling)
+The in-flight weight update policies (`actors.inflight_update`, README "How data flows") and
+AR3PO's abort on first correct are modes too, selected with `--modes`:
+  async_s2_finish / async_s2_continue / async_s2_abort   max_staleness=2 and that policy
+  async_s2_no_abort   max_staleness=2 with rollout.abort_on_first_correct=false
+The table reports the learner's wait per weight sync (`sync/learner_wait_s`: from telling the
+actors to sync to the last one holding the weights) side by side.
 Evaluation runs only after the last step (run.eval_every = steps unless overridden). Numbers
 come from each run's steady window (rlvr/bench/reduce.py): the first `--skip-first` steps
 (default a tenth of the steps) are left out, because they fill the pipeline and async banks up
@@ -41,12 +47,18 @@ MODES = {
     "async_s2": ["mode=async", "max_staleness=2"],
     "async_s4": ["mode=async", "max_staleness=4"],
     "staged": ["mode=staged"],
+    "async_s2_finish": ["mode=async", "max_staleness=2", "actors.inflight_update=finish"],
+    "async_s2_continue": ["mode=async", "max_staleness=2", "actors.inflight_update=continue"],
+    "async_s2_abort": ["mode=async", "max_staleness=2", "actors.inflight_update=abort"],
+    "async_s2_no_abort": ["mode=async", "max_staleness=2", "rollout.abort_on_first_correct=false"],
 }
+DEFAULT_MODES = ("sync", "async_s1", "async_s2", "async_s4", "staged")
+INFLIGHT_MODES = ("sync", "async_s2_finish", "async_s2_continue", "async_s2_abort")
 ASYNC_MODE = "async_s2"  # the one the speedup and the targets are about
 
 
 def run(config: str, out_dir: Path, overrides: list[str], steps: int | None,
-        modes: tuple[str, ...] = tuple(MODES), skip_first: int | None = None) -> dict:
+        modes: tuple[str, ...] = DEFAULT_MODES, skip_first: int | None = None) -> dict:
     from protocol.config import load_config
 
     cfg = load_config(config, run_overrides(overrides, steps, []))
@@ -98,11 +110,14 @@ def summarize(rows_by_mode: dict[str, list[dict]], actors: int, skip_first: int 
 def report(results: dict) -> str:
     rows = [[mode, m["steps_per_min"], m["speedup_vs_sync"], m["fraction_of_overlap_bound"],
              m["gen_tokens_per_s"], m["train_tokens_per_s"], m["learner_busy_frac"],
-             m["actor_busy_frac"], m["sync_s_per_step"], m["stale_max"], m["eval_avg@8"]]
+             m["actor_busy_frac"], m["sync_s_per_step"], _ms(m.get("learner_wait_s_per_sync")),
+             m.get("gen_tokens_per_trained_prompt"), m.get("aborted_tokens_per_step"),
+             m["stale_max"], m.get("version_spread_max"), m["eval_avg@8"]]
             for mode, m in results["modes"].items()]
     table = markdown_table(["mode", "steps/min", "x sync", "of bound", "gen tok/s",
                             "train tok/s", "learner busy", "actor busy", "sync s/step",
-                            "stale max", "eval/avg@8"], rows)
+                            "learner wait ms/sync", "tok/trained prompt", "aborted tok/step",
+                            "stale max", "versions in a response", "eval/avg@8"], rows)
     o = results["overlap"]
     bound = (f"sync run: G (generation, learner waits) = {_s(o['G_s'])} s/step, "
              f"T (learner work) = {_s(o['T_s'])} s/step; overlap bound (G+T)/max(G,T) = "
@@ -110,6 +125,10 @@ def report(results: dict) -> str:
              f"{_s(results['speedup_async_vs_sync'])}x = {_s(results['async_fraction_of_bound'])} "
              f"of the bound\n")
     return f"{table}\n{bound}\n{targets_table(results['targets'])}"
+
+
+def _ms(value) -> float | None:
+    return None if value is None else 1000.0 * value
 
 
 def _s(value) -> str:
