@@ -28,7 +28,8 @@ def held_out(cfg: Config) -> list[Problem]:
     match t.kind:
         case "arithmetic":
             return Arithmetic(levels=t.levels, ops=t.ops, seed=cfg.run.seed,
-                              eval_per_level=t.eval_per_level).eval_set()
+                              eval_per_level=t.eval_per_level,
+                              response_format=t.response_format).eval_set()
         case "file":
             return load_problems(t.eval_path or t.train_path, t.prompt_field, t.answer_field,
                                  t.solution_field)
@@ -69,7 +70,8 @@ class PromptStream:
         t = cfg.task
         if t.kind == "arithmetic":
             task = Arithmetic(levels=t.levels, ops=t.ops, seed=cfg.run.seed,
-                              eval_per_level=t.eval_per_level)
+                              eval_per_level=t.eval_per_level,
+                              response_format=t.response_format)
             self._problems = task.train_stream(cfg.run.seed, t.level_weights, start=start)
         else:
             problems = load_problems(t.train_path, t.prompt_field, t.answer_field, t.solution_field)

@@ -111,6 +111,10 @@ class TaskConfig:
     """File task: optional field holding a golden solution (used by GCPO)."""
     eval_samples: int = 8
     """Samples per held-out prompt for eval/avg@k and eval/pass@k."""
+    response_format: Literal["boxed", "worked"] = "boxed"
+    """Arithmetic: the answer format the warm start teaches (and GCPO's golden responses):
+    boxed = `\\boxed{432}` (about 5 tokens); worked = the column-by-column working first,
+    `7+5=12 4+8+1=13 3+1=4 \\boxed{432}` (20-35 tokens; give it rollout.max_new_tokens 64)."""
     prompt_template: str = "{question}"
     """User turn text; real models want e.g. "{question} Please reason step by step, and put
     your final answer within \\boxed{{}}."."""

@@ -130,6 +130,9 @@ def _task_problems(cfg: Config) -> list[str]:
     for key, w in weights.items():
         if any(x < 0 for x in w) or not sum(w) > 0:
             found.append(f"'{key}' must be >= 0 with a positive sum, got {list(w)}")
+    if t.response_format == "worked" and "*" in t.ops:
+        found.append(f"'task.response_format' worked is for '+' and '-' only, but 'task.ops' is "
+                     f"{list(t.ops)}")
     if t.eval_per_level < 1:
         found.append(f"'task.eval_per_level' must be >= 1 (the held-out set would be empty), got "
                      f"{t.eval_per_level}")

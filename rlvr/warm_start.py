@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks.prompts import prompt_token_ids
-from tasks.arithmetic import Arithmetic
+from tasks.arithmetic import Arithmetic, response_text
 from tasks.tiny_model import build_model, build_tokenizer
 from protocol.config import Config, load_config
 
@@ -40,6 +40,8 @@ def warm_start_key(cfg: Config) -> str:
                  cfg.task.prompt_template],
         "seed": cfg.run.seed, "format": 1,
     }
+    if cfg.task.response_format != "boxed":  # older caches (boxed answers) keep their keys
+        shaping["response_format"] = cfg.task.response_format
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -57,13 +59,15 @@ def corrupt_answer(answer: str, noise: float, rng: random.Random) -> str:
     return answer[:i] + wrong + answer[i + 1:]
 
 
-def supervised_batch(tokenizer, problems, noise: float, rng: random.Random, template: str):
-    """(B, T) input ids and labels (-100 outside the response) for next-token training."""
+def supervised_batch(tokenizer, problems, noise: float, rng: random.Random, template: str,
+                     response_format: str = "boxed"):
+    """(B, T) input ids and labels (-100 outside the response) for next-token training. With
+    the worked format the working is always right and only the boxed answer is sloppy."""
     rows = []
     for p in problems:
         prompt = prompt_token_ids(tokenizer, p.question, template)
-        target = tokenizer("\\boxed{" + corrupt_answer(p.answer, noise, rng) + "}",
-                           add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        text = response_text(p.question, corrupt_answer(p.answer, noise, rng), response_format)
+        target = tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
         rows.append((prompt, target))
     width = max(len(a) + len(b) for a, b in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
@@ -91,7 +95,8 @@ def train_warm_start(cfg: Config, out: Path, log=print) -> None:
     model.train()
     for step in range(ws.steps):
         batch = [next(stream) for _ in range(ws.batch_size)]
-        ids, labels = supervised_batch(tok, batch, ws.label_noise, rng, cfg.task.prompt_template)
+        ids, labels = supervised_batch(tok, batch, ws.label_noise, rng, cfg.task.prompt_template,
+                                       cfg.task.response_format)
         logits = model(input_ids=ids).logits[:, :-1]  # right padding: causal rows ignore it
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
         opt.zero_grad()

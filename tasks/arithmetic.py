@@ -8,7 +8,9 @@ How it works:
 - Level d: the larger operand has exactly d digits (0..9 count as one digit), the other has
   1..d digits (digit count uniform, then the number uniform). "+" and "*" put the operands in
   random order; "-" puts the larger first so answers are non-negative. Question text is
-  `"47+385="`, the answer the integer as a string (`"432"`), the golden response `"\\boxed{432}"`.
+  `"47+385="`, the answer the integer as a string (`"432"`), the golden response `"\\boxed{432}"`,
+  or with `response_format="worked"` the column-by-column working first,
+  `"7+5=12 4+8+1=13 3+1=4 \\boxed{432}"` (a task whose answers are 20-35 tokens, not 5).
 - Train and held-out splits are disjoint and fixed by the questions alone (not by any seed), so
   every run evaluates on problems it never trained on:
   * A *large* level (at least `4 * _HELD_OUT_MODULUS * eval_per_level` distinct questions) puts
@@ -111,18 +113,55 @@ def _enumerate_level(level: int, ops: tuple[str, ...]) -> list[str]:
     return sorted(questions, key=lambda q: (stable_hash(q), q))
 
 
-def _problem(a: int, op: str, b: int, level: int) -> Problem:
+def worked_response(a: int, op: str, b: int, answer: str | None = None) -> str:
+    """The column-by-column working of a+b or a-b (a >= b), units first, then `answer` boxed
+    (default: the true answer; the warm start's sloppy teacher passes a corrupted one).
+
+    47+385 -> "7+5=12 4+8+1=13 3+1=4 \\boxed{432}"; 52-17 -> "12-7=5 5-1-1=3 \\boxed{35}"."""
+    if op not in "+-" or (op == "-" and a < b):
+        raise ValueError(f"worked responses are for a+b and a-b with a >= b, got {a}{op}{b}")
+    top, bottom = str(a)[::-1], str(b)[::-1]
+    steps, carry = [], 0
+    for i in range(max(len(top), len(bottom))):
+        x = int(top[i]) if i < len(top) else None
+        y = int(bottom[i]) if i < len(bottom) else None
+        if op == "+":
+            terms = [t for t in (x, y) if t is not None] + ([1] if carry else [])
+            total = sum(terms)
+            steps.append("+".join(map(str, terms)) + f"={total}")
+            carry = total // 10
+        else:
+            value = x - (y or 0) - carry
+            borrow = value < 0
+            text = str(x + 10 if borrow else x) + (f"-{y}" if y is not None else "")
+            steps.append(text + ("-1" if carry else "") + f"={value + 10 * borrow}")
+            carry = int(borrow)
+    boxed = str(_answer(a, op, b)) if answer is None else answer
+    return " ".join(steps) + " \\boxed{" + boxed + "}"
+
+
+def response_text(question: str, answer: str, response_format: str = "boxed") -> str:
+    """The golden response to `question` in `response_format`, boxing `answer`."""
+    match response_format:
+        case "boxed":
+            return "\\boxed{" + answer + "}"
+        case "worked":
+            return worked_response(*parse_question(question), answer)
+    raise ValueError(f"unknown response_format {response_format!r}; expected boxed or worked")
+
+
+def _problem(a: int, op: str, b: int, level: int, response_format: str = "boxed") -> Problem:
     question, answer = _question(a, op, b), str(_answer(a, op, b))
     return Problem(
         prompt_id="arith:" + question,
         question=question,
         answer=answer,
         level=level,
-        solution="\\boxed{" + answer + "}",
+        solution=response_text(question, answer, response_format),
     )
 
 
-def _parse_question(question: str) -> tuple[int, str, int]:
+def parse_question(question: str) -> tuple[int, str, int]:
     body = question.removesuffix("=")
     for op in _OPS:
         left, sep, right = body.partition(op)
@@ -153,6 +192,9 @@ class Arithmetic:
     """Seed that picks the eval problems of large levels (the split itself does not depend on it)."""
     eval_per_level: int = 64
     """Held-out problems per level in `eval_set()` (a small level gives at most half its size)."""
+    response_format: str = "boxed"
+    """Golden responses (`Problem.solution`): "boxed" = the boxed answer alone, "worked" = the
+    column-by-column working first (`worked_response`; "+" and "-" only)."""
     _small: dict[int, frozenset[str]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -160,6 +202,10 @@ class Arithmetic:
             raise ValueError(f"levels must be distinct integers >= 1, got {self.levels}")
         if not self.ops or any(op not in _OPS for op in self.ops) or len(set(self.ops)) != len(self.ops):
             raise ValueError(f"ops must be distinct members of {_OPS}, got {self.ops}")
+        if self.response_format not in ("boxed", "worked") or (
+                self.response_format == "worked" and "*" in self.ops):
+            raise ValueError(f"response_format must be 'boxed', or 'worked' with ops + and -, got "
+                             f"{self.response_format!r} with ops {self.ops}")
         if self.eval_per_level < 0:
             raise ValueError(f"eval_per_level must be >= 0, got {self.eval_per_level}")
         small: dict[int, frozenset[str]] = {}
@@ -178,7 +224,7 @@ class Arithmetic:
 
     def is_held_out(self, question: str) -> bool:
         """Whether a question belongs to the held-out split (never produced by `train_stream`)."""
-        a, _, b = _parse_question(question)
+        a, _, b = parse_question(question)
         level = max(_digits(a), _digits(b))
         if level in self._small:
             return question in self._small[level]
@@ -193,7 +239,8 @@ class Arithmetic:
         for level in self.levels:
             if level in self._small:
                 chosen = sorted(self._small[level], key=lambda q: (stable_hash(q), q))
-                problems += [_problem(*_parse_question(q), level) for q in chosen]
+                problems += [_problem(*parse_question(q), level, self.response_format)
+                             for q in chosen]
                 continue
             rng = random.Random(f"eval:{self.seed}:{level}")
             seen: set[str] = set()
@@ -202,7 +249,7 @@ class Arithmetic:
                 question = _question(a, op, b)
                 if question not in seen and stable_hash(question) % _HELD_OUT_MODULUS == 0:
                     seen.add(question)
-                    problems.append(_problem(a, op, b, level))
+                    problems.append(_problem(a, op, b, level, self.response_format))
         return problems
 
     def train_problem(
@@ -214,7 +261,7 @@ class Arithmetic:
         while True:
             a, op, b = _draw(rng, level, self.ops)
             if not self.is_held_out(_question(a, op, b)):
-                return _problem(a, op, b, level)
+                return _problem(a, op, b, level, self.response_format)
 
     def train_stream(
         self, seed: int, level_weights: tuple[float, ...] | None = None, start: int = 0

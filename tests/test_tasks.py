@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.arithmetic import Arithmetic, Problem, level_size
+from tasks.arithmetic import Arithmetic, Problem, level_size, worked_response
+from tasks.verifier import extract_boxed
 
 
 def first(n, stream):
@@ -128,6 +129,8 @@ def test_level_weights_set_the_mix_of_levels():
         dict(ops=("/",)),
         dict(eval_per_level=-1),
         dict(levels=(3,), eval_per_level=100_000),  # more than a tenth of level 3 can hold out
+        dict(response_format="steps"),
+        dict(ops=("+", "*"), response_format="worked"),  # no working written for products
     ],
 )
 def test_bad_task_settings_are_rejected(kwargs):
@@ -140,3 +143,25 @@ def test_bad_level_weights_are_rejected_before_the_first_problem():
     for weights in [(1.0,), (1.0, -1.0), (0.0, 0.0)]:
         with pytest.raises(ValueError, match="level_weights"):
             task.train_stream(seed=0, level_weights=weights)
+
+
+@given(st.integers(0, 9999), st.integers(0, 9999), st.sampled_from("+-"))
+def test_a_worked_response_does_each_column_right_and_boxes_the_answer(a, b, op):
+    if op == "-":
+        a, b = max(a, b), min(a, b)
+    text = worked_response(a, op, b)
+    *steps, boxed = text.split(" ")
+    assert boxed == "\\boxed{" + str(a + b if op == "+" else a - b) + "}"
+    assert len(steps) == max(len(str(a)), len(str(b)))
+    for step in steps:  # every column's arithmetic holds: "4+8+1=13", "12-7=5", "5-1-1=3"
+        lhs, rhs = step.split("=")
+        assert eval(lhs) == int(rhs)  # noqa: S307 - digits and +/- of our own making
+    assert extract_boxed(text) == str(a + b if op == "+" else a - b)
+
+
+def test_the_worked_format_gives_longer_golden_responses_with_the_same_answers():
+    boxed, worked = Arithmetic(), Arithmetic(response_format="worked")
+    for p, q in zip(boxed.eval_set(), worked.eval_set()):
+        assert (p.question, p.answer) == (q.question, q.answer)
+        assert p.solution == "\\boxed{" + p.answer + "}"
+        assert q.solution.endswith(p.solution) and len(q.solution) > len(p.solution) + 4
