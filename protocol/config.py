@@ -214,8 +214,9 @@ class ActorsConfig:
     """Actor heartbeat period."""
     heartbeat_timeout_s: float = 30.0
     """An actor silent this long (no heartbeat, no group) is taken for dead: its in-flight
-    prompts are handed out again and the weight group is formed anew without it. Must exceed
-    the time of one work item (the actor does not beat while generating)."""
+    prompts are handed out again and the weight group is formed anew without it. The actor
+    beats between decode steps; it is silent only inside one decode step or one weight
+    broadcast, so this must exceed the longer of the two."""
     max_restarts: int = 3
     """`rlvr train` restarts a crashed actor process this many times in all, then stops the run
     (on SLURM the run goes on with the other actors)."""

@@ -15,10 +15,13 @@ def train_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["step"] > 0]
 
 
-def test_sync_mode_is_exactly_on_policy(tmp_path, tiny_model):
+@pytest.mark.parametrize("inflight", ["finish", "continue", "abort"])
+def test_sync_mode_is_exactly_on_policy(tmp_path, tiny_model, inflight):
+    # whatever a sync does to the samples in flight: in sync mode none are in flight then
     run = tmp_path / "sync"
     done = run_rlvr(*quick_run_args(run, tiny_model, "algorithm=grpo", "mode=sync",
-                                    "run.steps=4", "run.eval_every=2"))
+                                    "run.steps=4", "run.eval_every=2",
+                                    f"actors.inflight_update={inflight}"))
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_rows(run)
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
@@ -29,6 +32,7 @@ def test_sync_mode_is_exactly_on_policy(tmp_path, tiny_model):
         # (null on a step where no response carries gradient)
         assert r["is/w_mean"] is None or r["is/w_mean"] == pytest.approx(1.0, abs=1e-3)
         assert r["gen/policy_version_min"] == r["gen/policy_version_max"] == r["step"] - 1
+        assert r["gen/version_spread_max"] == 0 and r["gen/aborted_tokens"] == 0
         assert r["gen/responses_per_prompt"] == 8
     assert "eval/avg@8" in rows[0] and "eval/avg@8" in rows[2] and "eval/avg@8" in rows[4]
 
