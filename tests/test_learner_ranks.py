@@ -49,10 +49,14 @@ def one_step(rank: int, world: int, port: int, model: str, out: str) -> None:
     torch.manual_seed(0)
     from learner.engine import build_engine, init_learner_distributed
     from learner.ranks import train_step
+    from dataclasses import replace
+
     from protocol.config import load_config
 
-    cfg = load_config(TINY, [f"model.path={model}", "learner.micro_batch=2", "optim.lr=0",
+    cfg = load_config(TINY, [f"model.path={model}", "learner.micro_batch=2",
                              "optim.warmup_steps=1"])
+    # lr 0 is refused in a user's config (it trains nothing); here it is the point
+    cfg = replace(cfg, optim=replace(cfg.optim, lr=0.0))
     init_learner_distributed(cfg, rank, world)
     engine = build_engine(cfg, model)
     grads: list[dict] = []
