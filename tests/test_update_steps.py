@@ -209,3 +209,27 @@ def test_gcpo_gates_close_on_later_mini_batches_once_the_ratio_passes_one_plus_e
     assert one["gcpo/gate_closed_frac"] == 0  # a single optimizer step: the gates start open
     assert many["gcpo/gate_closed_frac"] > 0
     assert many["gcpo/margin"] == pytest.approx(one["gcpo/margin"], abs=1e-6)  # step start
+
+
+@pytest.mark.parametrize("override, key", [
+    ("optim.mini_batches=0", "optim.mini_batches"), ("optim.epochs=0", "optim.epochs"),
+    ("optim.mini_batches=33", "optim.mini_batches"),  # more than the 32 groups of a step
+    ("learner.micro_batch=0", "learner.micro_batch"),
+    ("learner.max_tokens_per_micro_batch=8", "learner.max_tokens_per_micro_batch"),
+    ("loss.kl_beta=-0.1", "loss.kl_beta")])
+def test_update_values_that_would_do_nothing_or_divide_by_zero_are_refused(override, key):
+    from protocol.config import ConfigError, load_config
+    from tests.conftest import TINY
+
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(TINY, [override])
+
+
+def test_the_update_takes_the_sampling_temperature_and_the_papers_knobs_from_the_config():
+    from protocol.config import load_config
+    from tests.conftest import TINY
+
+    spec = UpdateSpec.of(load_config(TINY, ["rollout.temperature=0.7", "optim.mini_batches=4",
+                                            "learner.max_tokens_per_micro_batch=512"]))
+    assert (spec.temperature, spec.mini_batches, spec.max_tokens) == (0.7, 4, 512)
+    assert UpdateSpec.of(load_config(TINY, ["rollout.temperature=0"])).temperature == 1.0
