@@ -28,9 +28,9 @@ from torch.utils.checkpoint import checkpoint
 from learner.batch import Packed
 from learner.losses import entropy_from_logits
 
-CHUNK_LOGITS_BYTES = 256 << 20
-"""Float32 logits per chunk: 441 tokens of a 151,936-token vocabulary, the whole micro-batch of
-the tiny model's 101."""
+CHUNK_LOGITS_BYTES = 128 << 20
+"""Float32 logits per chunk: 220 tokens of a 151,936-token vocabulary, the whole micro-batch of
+the tiny model's 101. A chunk holds a few such buffers at once (logits, exp, gradient)."""
 
 
 def chunk_tokens(vocab_size: int) -> int:
@@ -65,21 +65,28 @@ def _head_terms(hidden: torch.Tensor, targets: torch.Tensor, head, temperature: 
                 entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """log pi(target) (n,) and the entropy (n,) (zeros unless `entropy`) of one chunk of
     hidden states (n, H), at `temperature`."""
-    logits = head(hidden).float() / temperature  # (n, V)
-    logp = logits.gather(-1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+    logits = head(hidden).float()  # (n, V)
+    if temperature != 1.0:
+        logits = logits.div_(temperature)  # in place: the matmul keeps its inputs, not this
+    logz = torch.logsumexp(logits, dim=-1)  # (n,)
+    logp = logits.gather(-1, targets[:, None])[:, 0] - logz
     if not entropy:
         return logp, torch.zeros_like(logp)
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+    if entropy_grad and torch.is_grad_enabled():
         return logp, entropy_from_logits(logits)
+    with torch.no_grad():  # the metric alone: H = log Z - sum_v p_v z_v with one (n, V) buffer
+        p_z = torch.softmax(logits, dim=-1).mul_(logits).nan_to_num_(nan=0.0)  # 0 * -inf = 0
+        return logp, logz.detach() - p_z.sum(dim=-1)
 
 
 def token_logp(model, packed: Packed, temperature: float = 1.0, entropy: bool = False,
-               entropy_grad: bool = False, chunk: int | None = None
+               entropy_grad: bool = False, chunk: int | None = None, recompute: bool = True
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi_theta of every response target (B, T-1) under softmax(logits / temperature), 0 off
     the responses, and the entropy there (B, T-1) when `entropy` (else None); the entropy
     carries gradient only with `entropy_grad`. `packed` must be on the model's device.
-    chunk: tokens per LM-head chunk (default: chunk_tokens of the vocabulary)."""
+    chunk: tokens per LM-head chunk (default: chunk_tokens of the vocabulary); recompute=False
+    keeps every chunk's logits for the backward instead (`rlvr bench memory` shows the cost)."""
     lm = causal_lm(model)
     if getattr(lm.config, "final_logit_softcapping", None):
         raise ValueError("models with final_logit_softcapping are not supported by the chunked "
@@ -92,7 +99,7 @@ def token_logp(model, packed: Packed, temperature: float = 1.0, entropy: bool = 
     logps, ents = [], []
     for at in range(0, max(len(targets), 1), n):
         args = (hidden[at:at + n], targets[at:at + n], head, temperature, entropy, entropy_grad)
-        if torch.is_grad_enabled():  # the backward recomputes this chunk's logits alone
+        if recompute and torch.is_grad_enabled():  # the backward recomputes this chunk alone
             lp, ent = checkpoint(_head_terms, *args, use_reentrant=False)
         else:
             lp, ent = _head_terms(*args)

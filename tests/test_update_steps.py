@@ -233,3 +233,19 @@ def test_the_update_takes_the_sampling_temperature_and_the_papers_knobs_from_the
                                             "learner.max_tokens_per_micro_batch=512"]))
     assert (spec.temperature, spec.mini_batches, spec.max_tokens) == (0.7, 4, 512)
     assert UpdateSpec.of(load_config(TINY, ["rollout.temperature=0"])).temperature == 1.0
+
+
+def test_the_real_model_configs_take_the_papers_optimizer_steps_and_a_token_budget():
+    from pathlib import Path
+
+    from protocol.config import load_config
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    for name in ("qwen2.5-7b-grpo.yaml", "qwen2.5-7b-ar3po.yaml"):
+        cfg = load_config(configs / name)
+        assert (cfg.optim.mini_batches, cfg.optim.epochs) == (16, 1)  # DAPO's 16 updates
+        assert cfg.rollout.prompts_per_step // cfg.optim.mini_batches == 32  # 32 prompts each
+        assert cfg.learner.max_tokens_per_micro_batch >= cfg.actors.max_model_len
+    aero = load_config(configs / "qwen2.5-math-1.5b-aero.yaml")
+    assert aero.optim.epochs == 1  # AERO Table 9: GRPO epochs 1
+    assert aero.learner.max_tokens_per_micro_batch >= aero.actors.max_model_len
