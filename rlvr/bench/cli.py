@@ -5,8 +5,8 @@
     rlvr bench weights [CONFIG] [--big-mb 64,256] [--rounds 5] [--receivers N]
     rlvr bench transport [CONFIG] [--messages 2000] [--step-s S]
 each with [--steps N] [--out DIR (default runs/bench/<kind>)] [a.b=value ...], and
-    rlvr bench memory [--tokens 1024,4096,8192] [--seq-len 1024] [--vocab 151936] [--out DIR]
-(one micro-batch of a model it builds itself: no config, no run).
+    rlvr bench memory [--tokens 1024,4096,8192] [--seq-len 1024] [--vocab 151936] [--chunk-mb M]
+                      [--out DIR]   (one micro-batch of a model it builds: no config, no run).
 Names are checked before any run starts; the benches themselves are in this package.
 """
 
@@ -54,7 +54,7 @@ def bench(args) -> int:
                 from rlvr.bench import memory
 
                 memory.run(out, [int(t) for t in _names(args.tokens)], args.seq_len, args.vocab,
-                           args.hidden, args.layers)
+                           args.hidden, args.layers, args.chunk_mb)
     except BenchError as e:
         print(f"rlvr bench: {e}", file=sys.stderr)
         return 1
@@ -90,8 +90,8 @@ def _check_bench_args(args) -> None:
             refuse(f"--tokens: positive whole numbers, comma-separated, not {args.tokens!r}")
         if args.seq_len <= 64 or any(int(t) % args.seq_len for t in tokens):
             refuse("--seq-len must exceed the 64-token prompt and divide every --tokens value")
-        if min(args.vocab, args.hidden, args.layers) < 1:
-            refuse("--vocab, --hidden and --layers must be >= 1")
+        if min(args.vocab, args.hidden, args.layers, args.chunk_mb) < 1:
+            refuse("--vocab, --hidden, --layers and --chunk-mb must be >= 1")
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -104,6 +104,7 @@ def _with_steps(overrides: list[str], steps: int | None) -> list[str]:
 
 def add_cli(sub) -> None:
     """Add `bench` and its five kinds to the `rlvr` subcommands."""
+    from learner.logprobs import CHUNK_LOGITS_BYTES
     from rlvr.bench.efficiency import ALGORITHMS as BENCHED
     from rlvr.bench.throughput import MODES
 
@@ -149,5 +150,7 @@ def add_cli(sub) -> None:
     mem.add_argument("--vocab", type=int, default=151_936, help="vocabulary (Qwen2.5's)")
     mem.add_argument("--hidden", type=int, default=256, help="hidden size")
     mem.add_argument("--layers", type=int, default=2, help="transformer layers")
+    mem.add_argument("--chunk-mb", type=int, default=CHUNK_LOGITS_BYTES >> 20,
+                     help="float32 logits per chunk in MB (default: the learner's)")
     mem.add_argument("--out", help="output folder (default runs/bench/memory)")
     mem.set_defaults(func=bench, config=None, overrides=[], steps=None)

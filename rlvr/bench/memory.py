@@ -1,7 +1,7 @@
 """`rlvr bench memory`: peak learner memory of one micro-batch, full logits against chunked.
 
     rlvr bench memory [--tokens 1024,4096,8192] [--seq-len 1024] [--vocab 151936]
-                      [--hidden 256] [--layers 2] [--out DIR]
+                      [--hidden 256] [--layers 2] [--chunk-mb 128] [--out DIR]
 
 One micro-batch of T tokens (T / seq-len rows of seq-len tokens, a 64-token prompt each) runs
 forward and backward through a randomly initialised Qwen2 with Qwen2.5's 151,936-token
@@ -11,7 +11,8 @@ the learner on CPU, one thread. Variants, each measured side by side in the same
               log-softmax, and the entropy metric computed from them (learner.logprobs.
               full_logits_logp + entropy_from_logits);
   chunked     learner.logprobs.token_logp: LM head and log-softmax on chunks of the loss
-              positions, each recomputed in the backward (activation checkpointing);
+              positions (--chunk-mb of float32 logits each, the learner's CHUNK_LOGITS_BYTES by
+              default), each recomputed in the backward (activation checkpointing);
   no_recomp   the same chunks without recomputation (every chunk's logits kept for backward);
   body        the model body alone (loss on its final hidden states): what every variant pays
               before the LM head. A variant's head share = its peak - body's peak.
@@ -48,7 +49,7 @@ def _status_kb(key: str) -> int:
 
 
 def _child(variant: str, tokens: int, seq_len: int, vocab: int, hidden: int, layers: int,
-           results) -> None:
+           chunk_mb: int, results) -> None:
     """One measurement in a fresh process: bytes of peak memory over forward + backward."""
     try:
         import torch
@@ -83,6 +84,7 @@ def _child(variant: str, tokens: int, seq_len: int, vocab: int, hidden: int, lay
                 loss = -(logp * m).sum() / m.sum() + 0 * (entropy * m).sum()
             case "chunked" | "no_recomp":
                 logp, entropy = token_logp(model, packed, entropy=True,
+                                           chunk=max(1, (chunk_mb * MB) // (4 * vocab)),
                                            recompute=variant == "chunked")
                 loss = -(logp * m).sum() / m.sum() + 0 * (entropy * m).sum()
         loss.backward()
@@ -91,15 +93,15 @@ def _child(variant: str, tokens: int, seq_len: int, vocab: int, hidden: int, lay
         results.put(("error", repr(e)))
 
 
-def measure(variant: str, tokens: int, seq_len: int, vocab: int, hidden: int,
-            layers: int) -> int:
+def measure(variant: str, tokens: int, seq_len: int, vocab: int, hidden: int, layers: int,
+            chunk_mb: int) -> int:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     old = os.environ.get("MALLOC_MMAP_THRESHOLD_")
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # read by the child's glibc at start-up
     try:
         proc = ctx.Process(target=_child, args=(variant, tokens, seq_len, vocab, hidden, layers,
-                                                results))
+                                                chunk_mb, results))
         proc.start()
     finally:
         if old is None:
@@ -137,8 +139,8 @@ def _available_bytes() -> int:
     return 0
 
 
-def run(out_dir: Path, tokens: list[int], seq_len: int, vocab: int, hidden: int,
-        layers: int) -> dict:
+def run(out_dir: Path, tokens: list[int], seq_len: int, vocab: int, hidden: int, layers: int,
+        chunk_mb: int) -> dict:
     if not os.access("/proc/self/clear_refs", os.W_OK):
         raise BenchError("cannot reset the peak-RSS mark (/proc/self/clear_refs): this bench "
                          "needs Linux")
@@ -157,7 +159,7 @@ def run(out_dir: Path, tokens: list[int], seq_len: int, vocab: int, hidden: int,
                       flush=True)
                 continue
             print(f"bench memory: {v} at {t} tokens", flush=True)
-            case[v] = measure(v, t, seq_len, vocab, hidden, layers) / MB
+            case[v] = measure(v, t, seq_len, vocab, hidden, layers, chunk_mb) / MB
         for v in ("full", "chunked", "no_recomp"):
             case[f"head_{v}_mb"] = (None if case[v] is None or case["body"] is None
                                     else case[v] - case["body"])
@@ -167,7 +169,7 @@ def run(out_dir: Path, tokens: list[int], seq_len: int, vocab: int, hidden: int,
     full_at = max((t for t in tokens if cases[t]["full"] is not None), default=None)
     results = {
         "bench": "memory", "vocab": vocab, "hidden": hidden, "layers": layers,
-        "seq_len": seq_len, "dtype": "float32", "threads": 1,
+        "seq_len": seq_len, "chunk_mb": chunk_mb, "dtype": "float32", "threads": 1,
         "peak_method": "VmHWM - VmRSS after clear_refs=5, fresh spawned child, "
                        "MALLOC_MMAP_THRESHOLD_=65536",
         "cases": cases, "machine": machine(),
@@ -196,6 +198,7 @@ def report(results: dict) -> str:
     left = [f"- {t} tokens, {v}: not measured, {why}" for t, c in results["cases"].items()
             for v, why in c.get("left_out", {}).items()]
     return (f"peak memory of one micro-batch (forward + backward), vocab {results['vocab']}, "
-            f"hidden {results['hidden']}, {results['layers']} layers, float32, 1 thread\n\n"
+            f"hidden {results['hidden']}, {results['layers']} layers, chunks of "
+            f"{results['chunk_mb']} MB of logits, float32, 1 thread\n\n"
             + table + ("\n" + "\n".join(left) + "\n" if left else "") + "\n"
             + targets_table(results["targets"]))
