@@ -64,8 +64,8 @@ def build_reference(cfg: Config):
     """The KL reference policy (ALGORITHMS.md 1.5): a frozen copy of the initial weights, read
     from model.path (the run's initial model, also after a resume), in the learner's compute
     dtype; None when loss.kl_beta is 0. ZeRO 0-2 keep it whole on the learner's device beside
-    the policy; ZeRO-3 makes it an inference-only ZeRO-3 engine (no optimizer), its parameters
-    offloaded to CPU memory on GPU and gathered layer by layer in its forward."""
+    the policy (a plain module); ZeRO-3 makes it an inference-only ZeRO-3 engine (no optimizer),
+    its parameters offloaded to CPU memory on GPU and gathered layer by layer in its forward."""
     if cfg.loss.kl_beta == 0:
         return None
     dtype = torch.bfloat16 if cfg.optim.bf16 else torch.float32
@@ -85,7 +85,7 @@ def build_reference(cfg: Config):
         "train_micro_batch_size_per_gpu": 1, "zero_optimization": zero,
         "bf16": {"enabled": cfg.optim.bf16}, "steps_per_print": 10**9})
     engine.eval()
-    return engine.module
+    return engine  # its forward hooks gather the shards; learner/logprobs.py unwraps .module
 
 
 def publish_weights(engine, weights, bucket_bytes: int) -> None:

@@ -44,8 +44,12 @@ def causal_lm(model):
 
 
 def model_device(model) -> torch.device:
-    lm = causal_lm(model)
-    return getattr(lm, "device", None) or next(lm.parameters()).device
+    """Where the inputs go: a DeepSpeed engine's (or HF model's) device; under ZeRO-3 the
+    parameters' own tensors are empty shards and may sit elsewhere (CPU offload)."""
+    device = getattr(model, "device", None)
+    if isinstance(device, torch.device):
+        return device
+    return next(causal_lm(model).parameters()).device
 
 
 def final_hidden(model, packed: Packed) -> torch.Tensor:
