@@ -143,8 +143,9 @@ class LossConfig:
     """Group advantage estimator (ALGORITHMS.md 1.2)."""
     old_policy: Literal["proximal", "behaviour"] = "proximal"
     """Denominator of the PPO ratio: 'proximal' = decoupled PPO, the learner's weights at the
-    start of the step, with the behaviour weight w = pi_prox / pi_behav (8.3); 'behaviour' =
-    the stored behaviour log-probs, w = 1 (Mu-GRPO, 5.2)."""
+    start of the learner step (before its first optimizer step), with the behaviour weight
+    w = pi_prox / pi_behav (8.3); 'behaviour' = the stored behaviour log-probs, w = 1 (Mu-GRPO,
+    5.2)."""
     std_mode: Literal["unbiased", "population"] = "unbiased"
     """Std used by the GRPO advantage."""
     aggregation: Aggregation = "seq-mean-token-mean"
