@@ -10,7 +10,7 @@ Per group, in this order (ALGORITHMS.md sections in brackets):
      contrastive term; its failures keep advantage 0 in the policy gradient [6.2];
   5. rows: responses that enter the loss. An advantage-only reused response is only in the
      baseline and makes no row, so it is in no denominator [3.5]; a policy-recomputed one makes
-     a row with w = 1; a direct-replay one a row weighted against its stored log-probs [8.4].
+     a row with w = 1; a direct-replay one a row ratioed to its stored log-probs [3.5].
 `AlgorithmState` is what the algorithms remember across steps (the reuse buffer, HORA's
 per-prompt counts, the curation RNG and run totals); its state_dict is JSON for checkpoints.
 """
@@ -84,7 +84,7 @@ class Member:
     acc: bool
     fresh: bool = True
     in_loss: bool = True
-    behav_weight: bool = True
+    reuse: str = ""  # ar3po.reuse_mode of a reused response, "" when fresh (LossRow.reuse)
     version_runs: list[tuple[int, int]] = field(default_factory=list)  # (version, tokens)
 
 
@@ -98,8 +98,7 @@ class StepBatch:
 def reuse_member(entry: ReuseEntry, mode: str, reward: float) -> Member:
     """A past correct response standing in for a failure, as reuse `mode` treats it (3.5)."""
     return Member(list(entry.token_ids), list(entry.logprobs), entry.policy_version, reward,
-                  acc=True, fresh=False, in_loss=mode != "advantage_only",
-                  behav_weight=mode == "direct_replay")
+                  acc=True, fresh=False, in_loss=mode != "advantage_only", reuse=mode)
 
 
 @dataclass
@@ -222,7 +221,7 @@ def _to_loss(g: Group, kept: list[Member], adv: list[float], cfg: Config, versio
             continue
         batch.rows.append(LossRow(g.prompt_token_ids, m.token_ids, m.logprobs, a,
                                   m.policy_version, scale if m.fresh else 1.0, g.group_id,
-                                  behav_weight=m.behav_weight))
+                                  reuse=m.reuse))
         tally.n["train_reward"] += m.reward
         if m.fresh:  # reused responses are exempt from the staleness rules and stats (8.4)
             # stale/* count tokens, each at the version that sampled it (8.1, section 9)

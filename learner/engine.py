@@ -38,8 +38,8 @@ def build_engine(cfg: Config, model_path: str):
         model.gradient_checkpointing_enable()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr,
                                   weight_decay=cfg.optim.weight_decay)
-    warmup = max(1, cfg.optim.warmup_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, warmup_factor(cfg.optim.warmup_steps, cfg.optim.mini_batches * cfg.optim.epochs))
     ds_config = {
         "train_micro_batch_size_per_gpu": 1,  # rows are batched by the trainer, not DeepSpeed
         "gradient_accumulation_steps": 1,  # the trainer marks accumulation boundaries itself
@@ -51,6 +51,41 @@ def build_engine(cfg: Config, model_path: str):
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                       config=ds_config)
     return engine
+
+
+def warmup_factor(warmup_steps: int, optimizer_steps_per_step: int):
+    """LR factor of optimizer step s: linear warm-up over `warmup_steps` learner steps, constant
+    within a learner step (verl steps its scheduler once per rollout step, too)."""
+    warmup, k = max(1, warmup_steps), optimizer_steps_per_step
+    return lambda s: min(1.0, (s // k + 1) / warmup)
+
+
+def build_reference(cfg: Config):
+    """The KL reference policy (ALGORITHMS.md 1.5): a frozen copy of the initial weights, read
+    from model.path (the run's initial model, also after a resume), in the learner's compute
+    dtype; None when loss.kl_beta is 0. ZeRO 0-2 keep it whole on the learner's device beside
+    the policy (a plain module); ZeRO-3 makes it an inference-only ZeRO-3 engine (no optimizer),
+    its parameters offloaded to CPU memory on GPU and gathered layer by layer in its forward."""
+    if cfg.loss.kl_beta == 0:
+        return None
+    dtype = torch.bfloat16 if cfg.optim.bf16 else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype)
+    model.requires_grad_(False).eval()
+    if cfg.optim.zero_stage != 3:
+        device = cfg.model.device
+        if device.startswith("cuda") and ":" not in device:
+            device = f"cuda:{torch.cuda.current_device()}"
+        return model.to(device)
+    import deepspeed
+
+    zero = {"stage": 3}
+    if cfg.model.device.startswith("cuda"):
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    engine, *_ = deepspeed.initialize(model=model, config={
+        "train_micro_batch_size_per_gpu": 1, "zero_optimization": zero,
+        "bf16": {"enabled": cfg.optim.bf16}, "steps_per_print": 10**9})
+    engine.eval()
+    return engine  # its forward hooks gather the shards; learner/logprobs.py unwraps .module
 
 
 def publish_weights(engine, weights, bucket_bytes: int) -> None:

@@ -23,8 +23,8 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from learner.update import (ContrastGroup, LossRow, collective_device, policy_update,
-                            rank_and_world)
+from learner.update import (ContrastGroup, LossRow, UpdateSpec, collective_device,
+                            policy_update, rank_and_world)
 from protocol.config import Config
 
 log = logging.getLogger(__name__)
@@ -87,11 +87,10 @@ class PlanChannel:
 
 
 def train_step(engine, cfg: Config, pad_id: int, rows: list[LossRow],
-               contrasts: list[ContrastGroup]) -> dict:
-    """One optimizer step on the whole batch; each rank works on its share (learner/update.py)."""
-    return policy_update(engine, rows, cfg.loss, pad_id, cfg.learner.micro_batch,
-                         cfg.rollout.max_new_tokens, veto=cfg.mugrpo, contrasts=contrasts,
-                         gcpo=cfg.gcpo)
+               contrasts: list[ContrastGroup], reference=None) -> dict:
+    """One learner step (optim.mini_batches x optim.epochs optimizer steps) on the whole batch;
+    each rank works on its share (learner/update.py). reference: the KL reference model."""
+    return policy_update(engine, rows, UpdateSpec.of(cfg), pad_id, contrasts, reference)
 
 
 class Follower:
@@ -100,11 +99,12 @@ class Follower:
     def __init__(self, cfg: Config, run_dir: Path):
         from transformers import AutoTokenizer
 
-        from learner.engine import build_engine
+        from learner.engine import build_engine, build_reference
 
         self.cfg, self.run_dir = cfg, run_dir
         self.pad_id = AutoTokenizer.from_pretrained(cfg.model.path).pad_token_id
         self.engine = build_engine(cfg, cfg.model.path)
+        self.reference = build_reference(cfg)  # the initial weights, never a checkpoint's
         self.channel = PlanChannel()
 
     def run(self) -> None:
@@ -116,7 +116,8 @@ class Follower:
                 case "load":
                     load_checkpoint(plan["path"], self.engine)
                 case "train":
-                    train_step(self.engine, self.cfg, self.pad_id, plan["rows"], plan["contrasts"])
+                    train_step(self.engine, self.cfg, self.pad_id, plan["rows"], plan["contrasts"],
+                               self.reference)
                 case "checkpoint":  # collective under ZeRO; rank 0 writes the run state
                     save_checkpoint(self.run_dir, plan["step"], self.engine, None, {},
                                     keep_last=self.cfg.run.keep_checkpoints)

@@ -32,7 +32,7 @@ from learner.checkpoint import latest_checkpoint, load_checkpoint, rng_state, sa
 from learner.coordinator import Coordinator
 from learner.algorithms import AlgorithmState, build_step
 from learner.data import PromptSource, PromptStream, held_out, rollout_spec
-from learner.engine import build_engine, init_learner_distributed, publish_weights
+from learner.engine import build_engine, build_reference, init_learner_distributed, publish_weights
 from learner.groups import group_metrics, is_stale
 from learner.losses import dapo_keep_group
 from learner.plots import plot_run
@@ -63,6 +63,7 @@ class Learner:
         init_learner_distributed(cfg, rank=0, world_size=cfg.learner.ranks)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.engine = build_engine(cfg, cfg.model.path)
+        self.reference = build_reference(cfg)  # KL: the initial weights, also after a resume
         self.followers = PlanChannel()  # learner ranks 1..R-1 (none with one rank)
         self.step = self.version = data_index = 0
         self.algo = AlgorithmState(cfg)
@@ -316,7 +317,7 @@ class Learner:
                 metrics["stage/policy_version"] = self.stage_version
             self.followers.tell("train", rows=batch.rows, contrasts=batch.contrasts)
             metrics.update(train_step(self.engine, c, self.tokenizer.pad_token_id, batch.rows,
-                                      batch.contrasts))
+                                      batch.contrasts, self.reference))
             self.step += 1
             self.version += 1
             if self._publishes():

@@ -1,28 +1,33 @@
-"""One optimizer step of the policy on a step's training rows (ALGORITHMS.md 1.3-1.7, 5, 6, 8.3).
+"""One learner step's update of the policy: its optimizer steps on the step's rows (ALGORITHMS.md
+1.3-1.7, 5, 6, 8.3).
 
-The ratio's denominator is chosen by `loss.old_policy`:
-  proximal  (decoupled PPO, 8.3): the step has one update per batch, so the proximal policy
-            (the learner's weights at the start of the step) is exactly the policy of the
-            forward pass: its log-probs are that pass's, detached, and no separate recompute is
-            needed. u = pi_theta / pi_prox is 1 in value, and w = sg(pi_prox / pi_behav)
-            corrects for the actor's (possibly stale) sampling weights, truncated at
-            `behav_weight_cap`. A row whose stored log-probs are no valid correction (AR3PO
-            policy-recomputed reuse) gets w = 1.
-  behaviour (Mu-GRPO, 5.2): the stored behaviour log-probs are the denominator, so the ratio
-            drifts through a stage of many steps on the same data, and w = 1.
-With `mugrpo.veto_scope` on, the negative-advantage veto (5.2) masks tokens from triggers of
-pi_theta / pi_behav (recomputed, detached, at every update); under token-mean aggregation a
-no-grad pass first counts the vetoed tokens so the step-global denominator excludes them (1.4).
-GCPO groups (6.2) add micro-batches of [golden, failures...] to the same accumulated step.
+The step's batch is split into `optim.mini_batches` mini-batches of whole groups, and every pass
+of `optim.epochs` takes one optimizer step per mini-batch, in the same order (as verl's PPO
+epochs). Before the first one, a no-grad pass computes the proximal log-probs pi_prox with the
+step-start weights (8.3) for every row (and GCPO's teacher-forced old log-probs, 6.2), and, with
+`loss.kl_beta` > 0, one pass of the frozen reference model gives pi_ref (1.5). So from the second
+optimizer step on, u = pi_theta / pi_prox moves away from 1, the clip terms (and GCPO's gates)
+act, and w = sg(pi_prox / pi_behav) stays the step-start correction. With a single optimizer step
+the proximal policy is exactly that step's forward: its log-probs, detached, are used and the
+extra pass is skipped (the same values, one forward less).
+The policy version counts learner steps, not optimizer steps (as AReaL's): staleness is in
+learner steps whatever `mini_batches` and `epochs` are.
 
-Rows with zero advantage add exactly nothing to the policy-gradient loss, so when neither KL nor
-entropy terms are on they are only counted in the denominators, never run forward.
+Each optimizer step's loss uses its mini-batch's global denominators (1.4): the rows of the
+mini-batch and their loss tokens, counted over every rank and micro-batch; tokens that the IS-cap
+mask or the Mu-GRPO veto drop are left out of the token-mean denominator (a no-grad pass counts
+them first when they depend on the current weights). Rows with zero advantage add nothing to the
+policy-gradient loss, so when neither KL nor entropy terms are on they are counted in the
+denominators but never run forward. Micro-batches are bounded by `learner.micro_batch` sequences
+and `learner.max_tokens_per_micro_batch` padded tokens; log-probs are computed in chunks
+(learner/logprobs.py).
 
 Data-parallel learner ranks (learner/ranks.py): every rank gets the whole batch and runs its
-share (every R-th row by length, every R-th contrast group); the denominators stay the
-step-global ones, each rank's loss is scaled by R because DeepSpeed averages gradients across
-ranks, and ranks with fewer micro-batches run zero-loss passes so that all take the same number
-of backward passes (ZeRO may communicate in each). The metric sums are added across ranks.
+share of each mini-batch (every R-th row by length, every R-th contrast group); each rank's loss
+is scaled by R because DeepSpeed averages gradients across ranks, and ranks with fewer
+micro-batches run zero-loss passes so that all take the same number of backward passes per
+optimizer step (ZeRO may communicate in each). The metric sums are added across ranks; the token
+ratios (clip, w, entropy, KL) are over every optimizer step of the learner step.
 """
 
 from __future__ import annotations
@@ -34,206 +39,263 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from learner.batch import Row, micro_batches, pack
-from learner.losses import (aggregate, behaviour_weights, entropy_from_logits, gcpo_loss,
-                            ppo_token_loss, veto_mask)
+from learner.batch import (Row, micro_batches, mini_batches, of_responses, on_responses, pack,
+                           tokens)
+from learner.logprobs import model_device, token_logp
+from learner.losses import gcpo_loss
+from learner.micro_loss import (ContrastGroup, Denominators, LossRow, contrast_batches,  # noqa: F401
+                                contrast_terms, dropped_tokens, pg_loss, ratio_terms, zero_loss)
 from protocol.algorithm_config import GCPOConfig, MuGRPOConfig
-from protocol.config import LossConfig
+from protocol.config import Config, LossConfig
 
 
 @dataclass(frozen=True)
-class LossRow(Row):
-    behav_weight: bool = True
-    """False when the stored behaviour log-probs are no valid correction for this row (AR3PO
-    policy-recomputed reuse): w = 1 and its ratio is taken to the proximal policy (8.4)."""
+class UpdateSpec:
+    """What a learner step's update takes from the run config (`UpdateSpec.of(cfg)`)."""
+
+    loss: LossConfig
+    max_new_tokens: int  # Dr. GRPO's constant length normaliser
+    temperature: float = 1.0  # the actors' sampling temperature: log-probs of softmax(z / T)
+    micro_batch: int = 256  # most sequences per micro-batch
+    max_tokens: int | None = None  # most padded tokens per micro-batch
+    mini_batches: int = 1  # optimizer steps per pass over the batch
+    epochs: int = 1  # passes over the batch
+    veto: MuGRPOConfig | None = None  # Mu-GRPO's negative-advantage veto, when on
+    gcpo: GCPOConfig | None = None  # GCPO's contrastive term, when on
+
+    @classmethod
+    def of(cls, cfg: Config) -> UpdateSpec:
+        return cls(cfg.loss, cfg.rollout.max_new_tokens,
+                   cfg.rollout.temperature,  # > 0: Config refuses greedy training
+                   cfg.learner.micro_batch, cfg.learner.max_tokens_per_micro_batch,
+                   cfg.optim.mini_batches, cfg.optim.epochs,
+                   veto=cfg.mugrpo if cfg.mugrpo.veto_scope != "off" else None,
+                   gcpo=cfg.gcpo if cfg.gcpo.coef > 0 else None)
+
+    @property
+    def optimizer_steps(self) -> int:
+        return self.mini_batches * self.epochs
 
 
 @dataclass(frozen=True)
-class ContrastGroup:
-    """An all-fail group with a verified golden trajectory, for the GCPO term (6.2)."""
+class MiniBatch:
+    """One optimizer step's work on this rank."""
 
-    prompt: list[int]
-    golden: list[int]  # golden response token ids (eos included)
-    failures: list[list[int]]  # the group's fresh failed responses
-
-
-def token_logp(model, packed) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob of every target token (B, T-1) and the logits it came from (B, T-1, V)."""
-    logits = model(input_ids=packed.input_ids, attention_mask=packed.attention).logits[:, :-1]
-    logits = logits.float()
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, packed.targets[..., None])[..., 0]
-    return logp, logits
+    num_seqs: int  # rows of the mini-batch over every rank, zero-advantage ones included
+    num_tokens: int  # their response tokens
+    num_contrasts: int  # its GCPO groups over every rank
+    pg: list[list[int]]  # this rank's micro-batches of row indices
+    gc: list[list[int]]  # this rank's micro-batches of contrast indices
+    passes: int  # backward passes every rank takes: the most any rank has
 
 
-def grad_norm_of(module) -> float:
-    """Total gradient norm before clipping (DeepSpeed clips inside `step`)."""
-    grads = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
-    return float(torch.stack(grads).norm()) if grads else 0.0
-
-
-def ratio_terms(prox: torch.Tensor, behav: torch.Tensor, corrected: torch.Tensor,
-                loss_cfg: LossConfig) -> tuple[torch.Tensor, ...]:
-    """(old_logp, w, keep, truncated), all (B, T): the ratio's denominator and the behaviour
-    weight per token. prox, behav: (B, T) detached; corrected: (B, 1) bool, False for rows whose
-    behaviour log-probs must not correct (w = 1, ratio to prox)."""
-    ones = torch.ones_like(prox)
-    match loss_cfg.old_policy:
-        case "behaviour":
-            old = torch.where(corrected, behav, prox)
-            return old, ones, ones.bool(), torch.zeros_like(ones, dtype=torch.bool)
-        case "proximal":
-            if loss_cfg.behav_weight_mode == "off":
-                return prox, ones, ones.bool(), torch.zeros_like(ones, dtype=torch.bool)
-            w, keep, truncated = behaviour_weights(prox, behav, loss_cfg.behav_weight_cap,
-                                                   loss_cfg.behav_weight_mode)
-            return (prox, torch.where(corrected, w, ones), keep | ~corrected,
-                    truncated & corrected)
-
-
-def _loss_masks(logp, packed, rows_k, loss_cfg, veto):
-    """Ratio terms and the loss mask of one micro-batch, veto applied; plus the veto tensors."""
-    prox = logp.detach()
-    corrected = torch.tensor([getattr(r, "behav_weight", True) for r in rows_k],
-                             device=packed.mask.device)[:, None]  # (B, 1)
-    old, w, keep, truncated = ratio_terms(prox, packed.behav_logp, corrected, loss_cfg)
-    mask = packed.mask * keep.to(packed.mask.dtype)
-    trig = dropped = None
-    if veto is not None:  # triggers on pi_theta / pi_behav, the data-generating policy (8.4)
-        ratio = torch.exp(prox - packed.behav_logp)
-        mask, trig, dropped = veto_mask(ratio, packed.adv, mask, veto.veto_delta,
-                                        veto.veto_scope)
-    return old, w, truncated, mask, trig, dropped
-
-
-@torch.no_grad()
-def vetoed_tokens(model, batches, pad_id, loss_cfg, veto) -> int:
-    """Loss tokens the veto will drop in this step's micro-batches (same weights, same masks)."""
-    total = 0
-    for rows_k in batches:
-        packed = pack(rows_k, pad_id)
-        logp, _ = token_logp(model, packed)
-        total += int(_loss_masks(logp, packed, rows_k, loss_cfg, veto)[5].sum())
-    return total
-
-
-def contrast_batches(contrasts: list[ContrastGroup], micro_batch: int) -> list[list]:
-    """Whole contrast groups per micro-batch, up to `micro_batch` sequences (at least one group)."""
-    batches, current, size = [], [], 0
-    for c in contrasts:
-        rows = 1 + len(c.failures)
-        if current and size + rows > micro_batch:
-            batches.append(current)
-            current, size = [], 0
-        current.append(c)
-        size += rows
-    return batches + ([current] if current else [])
-
-
-def _contrast_terms(model, batch: list[ContrastGroup], pad_id: int, gcpo: GCPOConfig):
-    """GCPO loss of each group of the micro-batch and its stats. The old log-probs are the
-    step-start weights, teacher-forced: this pass's, detached (one update per step)."""
-    rows = [Row(c.prompt, resp, [0.0] * len(resp), 0.0, 0)
-            for c in batch for resp in (c.golden, *c.failures)]
-    packed = pack(rows, pad_id)
-    logp, _ = token_logp(model, packed)
-    old = logp.detach()
-    out, at = [], 0
-    for c in batch:
-        g, f = slice(at, at + 1), slice(at + 1, at + 1 + len(c.failures))
-        out.append(gcpo_loss(logp[g], old[g], packed.mask[g], logp[f], old[f], packed.mask[f],
-                             gcpo.eps_c, gcpo.form, gcpo.beta_c))
-        at += 1 + len(c.failures)
+def plan(rows: list[Row], contrasts: list[ContrastGroup], spec: UpdateSpec, rank: int,
+         world: int) -> list[MiniBatch]:
+    """The mini-batches of a learner step and this rank's micro-batches in each. Every rank
+    plans every rank's share (all hold the whole batch), so none needs to ask the others."""
+    needs_all = spec.loss.kl_beta > 0 or spec.loss.entropy_coef > 0
+    row_sets = mini_batches([r.group_id for r in rows], spec.mini_batches)
+    gc_sets = mini_batches([""] * len(contrasts), spec.mini_batches)
+    out = []
+    for row_set, gc_set in zip(row_sets, gc_sets):
+        active = sorted((i for i in row_set if needs_all or rows[i].adv != 0.0),
+                        key=lambda i: tokens(rows[i]))
+        pg = [micro_batches(active[r::world], lambda i: tokens(rows[i]), spec.micro_batch,
+                            spec.max_tokens) for r in range(world)]
+        gc = [[[gc_set[r::world][k] for k in b]
+               for b in contrast_batches([contrasts[j] for j in gc_set[r::world]],
+                                         spec.micro_batch, spec.max_tokens)]
+              for r in range(world)]
+        out.append(MiniBatch(len(row_set), sum(len(rows[i].response) for i in row_set),
+                             len(gc_set), pg[rank], gc[rank],
+                             max(len(pg[r]) + len(gc[r]) for r in range(world))))
     return out
 
 
-def policy_update(engine, rows: list[Row], loss_cfg: LossConfig, pad_id: int,
-                  micro_batch: int, max_new_tokens: int, veto: MuGRPOConfig | None = None,
-                  contrasts: list[ContrastGroup] = (), gcpo: GCPOConfig | None = None) -> dict:
-    """Forward, backward and step on `rows` (and GCPO's `contrasts`); returns loss metrics."""
-    veto = veto if veto is not None and veto.veto_scope != "off" else None
-    num_seqs = len(rows)
-    num_tokens = sum(len(r.response) for r in rows)
-    needs_all = loss_cfg.kl_beta > 0 or loss_cfg.entropy_coef > 0
-    active = [r for r in rows if needs_all or r.adv != 0.0]
+def needs_proximal_pass(rows: list[Row], contrasts: list, spec: UpdateSpec) -> bool:
+    """Whether the step-start log-probs must be computed before the first optimizer step: with
+    several optimizer steps, for rows ratioed to pi_prox and for GCPO's old log-probs; with one,
+    only for the IS-cap mask's token-mean denominator (the forward's own come too late)."""
+    lc = spec.loss
+    uses_prox = contrasts or any(
+        getattr(r, "reuse", "") == "policy_recomputed"
+        or (lc.old_policy == "proximal" and getattr(r, "reuse", "") == "") for r in rows)
+    if spec.optimizer_steps > 1:
+        return bool(uses_prox)
+    return (lc.old_policy == "proximal" and lc.behav_weight_mode == "mask"
+            and lc.aggregation == "token-mean")
+
+
+@torch.no_grad()
+def logp_pass(model, rows: list[Row], indices: list[int], spec: UpdateSpec,
+              pad_id: int) -> dict[int, torch.Tensor]:
+    """Row index -> log-probs (n_i,) of its response tokens under `model`, no gradient."""
+    out = {}
+    for batch in micro_batches(indices, lambda i: tokens(rows[i]), spec.micro_batch,
+                               spec.max_tokens):
+        rows_k = [rows[i] for i in batch]
+        packed = pack(rows_k, pad_id).to(model_device(model))
+        logp, _ = token_logp(model, packed, spec.temperature)
+        out.update(zip(batch, of_responses(rows_k, logp)))
+    return out
+
+
+def policy_update(engine, rows: list[Row], spec: UpdateSpec, pad_id: int,
+                  contrasts: list[ContrastGroup] = (), reference=None) -> dict:
+    """The learner step's optimizer steps on `rows` (and GCPO's `contrasts`); returns metrics.
+    reference: the frozen reference model for the KL term (loss.kl_beta > 0), else None."""
+    if spec.loss.kl_beta > 0 and reference is None:
+        raise ValueError("loss.kl_beta > 0 needs the reference model (learner.engine."
+                         "build_reference)")
+    contrasts = list(contrasts) if spec.gcpo is not None else []
+    rank, world = rank_and_world()
     t0 = time.time()
     engine.train()
-    rank, world = rank_and_world()
-    mine = sorted(active, key=lambda r: len(r.prompt) + len(r.response))[rank::world]
-    pg_batches = micro_batches(mine, micro_batch)
-    if veto is not None and loss_cfg.aggregation == "token-mean":
-        num_tokens -= int(_sum_over_ranks([vetoed_tokens(engine, pg_batches, pad_id, loss_cfg,
-                                                         veto)])[0])
-    gc_batches = contrast_batches(list(contrasts)[rank::world], micro_batch) \
-        if gcpo and contrasts else []
-    jobs = [("pg", b) for b in pg_batches] + [("gcpo", b) for b in gc_batches]
-    passes = _max_over_ranks(len(jobs))
-    jobs += [("idle", None)] * (passes - len(jobs))
+    steps = plan(rows, contrasts, spec, rank, world)
+    mine = sorted(i for s in steps for b in s.pg for i in b)
+    mine_gc = sorted(j for s in steps for b in s.gc for j in b)
     sums: Counter = Counter()
+    timing = {}
+    prox = ref = prox_gc = None
+    if needs_proximal_pass(rows, contrasts, spec):
+        t = time.time()
+        prox = logp_pass(engine, rows, mine, spec, pad_id)
+        if contrasts:
+            prox_gc = _contrast_start(engine, contrasts, mine_gc, spec, pad_id, sums)
+        timing["timing/old_logp"] = time.time() - t
+    if reference is not None:
+        t = time.time()
+        ref = logp_pass(reference, rows, mine, spec, pad_id)
+        timing["timing/ref"] = time.time() - t
+    norms = []
+    for _ in range(spec.epochs):
+        for s in steps:
+            if s.passes:  # a mini-batch with no row carrying gradient on any rank: no step
+                norms.append(_optimizer_step(engine, s, rows, contrasts, prox, ref, prox_gc,
+                                             spec, pad_id, world, sums))
+    compute_s = time.time() - t0
+    sums = Counter(dict(zip(_SUM_KEYS, _sum_over_ranks([sums[k] for k in _SUM_KEYS]))))
+    return _metrics(sums, norms, len([i for s in steps for b in s.pg for i in b]), rows,
+                    contrasts, steps, engine, spec, pad_id, compute_s, timing)
+
+
+def _contrast_start(engine, contrasts, mine_gc, spec, pad_id, sums) -> dict[int, list]:
+    """Contrast index -> teacher-forced step-start log-probs of [golden, failures...]; adds
+    their margins (GCPO's `margin` before the step) to `sums`."""
+    out = {}
+    for j in mine_gc:
+        rows = contrasts[j].rows()
+        got = logp_pass(engine, rows, list(range(len(rows))), spec, pad_id)
+        out[j] = [got[k] for k in range(len(rows))]
+        packed = pack(rows, pad_id)
+        old = on_responses(rows, out[j], packed.mask.shape[1])
+        _, stats = gcpo_loss(old[:1], old[:1], packed.mask[:1], old[1:], old[1:],
+                             packed.mask[1:], spec.gcpo.eps_c, spec.gcpo.form, spec.gcpo.beta_c)
+        sums["gc_margin_start"] += stats["margin"]
+    return out
+
+
+def _optimizer_step(engine, s: MiniBatch, rows, contrasts, prox, ref, prox_gc,
+                    spec: UpdateSpec, pad_id: int, world: int, sums: Counter) -> float | None:
+    """Forward/backward every micro-batch of mini-batch `s`, then step; returns the gradient
+    norm before clipping."""
+    num_tokens = s.num_tokens
+    lc = spec.loss
+    if lc.aggregation == "token-mean" and (spec.veto is not None or prox is not None
+                                           and lc.behav_weight_mode == "mask"):
+        num_tokens -= int(_sum_over_ranks([sum(
+            dropped_tokens(engine, [rows[i] for i in b], _take(prox, b), spec, pad_id)
+            for b in s.pg)])[0])
+    den = Denominators(s.num_seqs, num_tokens)
+    jobs = [("pg", b) for b in s.pg] + [("gcpo", b) for b in s.gc]
+    jobs += [("idle", None)] * (s.passes - len(jobs))
     grad_norm = None
     for k, (kind, batch) in enumerate(jobs):
         match kind:
             case "pg":
-                loss = _pg_loss(engine, batch, loss_cfg, veto, pad_id, num_seqs, num_tokens,
-                                max_new_tokens, sums)
+                loss = pg_loss(engine, [rows[i] for i in batch], _take(prox, batch),
+                               _take(ref, batch), spec, pad_id, den, sums)
             case "gcpo":
-                terms = _contrast_terms(engine, batch, pad_id, gcpo)
-                loss = gcpo.coef * sum(t for t, _ in terms) / len(contrasts)
+                terms = contrast_terms(engine, [contrasts[j] for j in batch],
+                                       _take(prox_gc, batch), pad_id, spec.temperature,
+                                       spec.gcpo)
+                loss = spec.gcpo.coef * sum(t for t, _ in terms) / s.num_contrasts
                 for _, stats in terms:
                     sums["gc_margin"] += stats["margin"]
                     sums["gc_closed"] += stats["gate_closed_frac"]
+                    sums["gc_seen"] += 1
                 sums["gc_loss"] += loss.item()
             case "idle":
-                loss = _zero_loss(engine, pad_id)
+                loss = zero_loss(engine, pad_id, spec.temperature)
         last = k == len(jobs) - 1
         engine.set_gradient_accumulation_boundary(last)
         engine.backward(loss * world)  # DeepSpeed averages over ranks; the loss is their sum
         if last:
             grad_norm = grad_norm_of(engine.module)
         engine.step()
-    # With no row carrying gradient (every group all-correct or all-wrong) there is nothing to
-    # step: the weights stay as they are, and the caller still counts the step.
-    compute_s = time.time() - t0
-    sums = Counter(dict(zip(_SUM_KEYS, _sum_over_ranks([sums[k] for k in _SUM_KEYS]))))
+    return grad_norm
+
+
+def _take(values: dict | None, indices: list[int]) -> list | None:
+    return None if values is None else [values[i] for i in indices]
+
+
+def _metrics(sums, norms, rows_forward, rows, contrasts, steps, engine, spec, pad_id,
+             compute_s, timing) -> dict:
+    n_steps = len(norms)  # every rank takes the same optimizer steps
 
     def per_token(total: float) -> float | None:  # null, not 0, when no token was in the loss
         return total / sums["tokens"] if sums["tokens"] else None
 
     metrics = {
-        "loss": sums["loss"] + sums["gc_loss"],
+        "loss": (sums["loss"] + sums["gc_loss"]) / max(n_steps, 1),
         "pg/clip_frac": per_token(sums["clip_low"] + sums["clip_high"]),
         "pg/clip_frac_low": per_token(sums["clip_low"]),
         "pg/clip_frac_high": per_token(sums["clip_high"]),
         "is/w_mean": per_token(sums["w"]),
         "is/w_truncated_frac": per_token(sums["w_trunc"]),
         "policy/entropy": per_token(sums["entropy"]),
-        "train/rows_forward": len(active),
-        "grad_norm": grad_norm,
+        "train/rows_forward": int(_sum_over_ranks([rows_forward])[0]),
+        "train/optimizer_steps": n_steps,
+        "grad_norm": sum(norms) / len(norms) if norms else None,
         "perf/train_tokens_per_s": sums["train_tokens"] / max(compute_s, 1e-9),
         "timing/update": compute_s,
+        **timing,
     }
-    if veto is not None:
+    if spec.loss.kl_beta > 0:
+        metrics["kl/mean"] = per_token(sums["kl"])
+    if spec.veto is not None:
         metrics.update({
             "veto/token_frac": sums["vetoed"] / max(sums["neg_tokens"], 1.0),
             "veto/token_frac_all": per_token(sums["vetoed"]),
             "veto/resp_frac": sums["neg_triggered"] / max(sums["neg_rows"], 1.0),
             "veto/triggers": int(sums["triggers"]),
         })
-    if gcpo and contrasts:
-        after = [s["margin"] for b in gc_batches
-                 for _, s in torch.no_grad()(_contrast_terms)(engine.module, b, pad_id, gcpo)]
+    if contrasts:
+        rank, world = rank_and_world()
+        mine = [j for j in range(len(contrasts))][rank::world]
+        after = [s["margin"] for j in mine for _, s in torch.no_grad()(contrast_terms)(
+            engine.module, [contrasts[j]], None, pad_id, spec.temperature, spec.gcpo)]
         after_sum, after_n = _sum_over_ranks([sum(after), len(after)])
+        start = sums["gc_margin_start"] if spec.optimizer_steps > 1 else sums["gc_margin"]
         metrics.update({
-            "gcpo/loss": sums["gc_loss"],
-            "gcpo/margin": sums["gc_margin"] / len(contrasts),
-            "gcpo/margin_after": after_sum / after_n,
-            "gcpo/gate_closed_frac": sums["gc_closed"] / len(contrasts),
+            "gcpo/loss": sums["gc_loss"] / max(n_steps, 1),
+            "gcpo/margin": start / len(contrasts),
+            "gcpo/margin_after": after_sum / max(after_n, 1),
+            "gcpo/gate_closed_frac": sums["gc_closed"] / max(sums["gc_seen"], 1),
         })
     return metrics
 
 
 _SUM_KEYS = ("loss", "clip_low", "clip_high", "w", "w_trunc", "entropy", "tokens", "train_tokens",
-             "vetoed", "neg_tokens", "neg_rows", "neg_triggered", "triggers", "gc_loss",
-             "gc_margin", "gc_closed")
+             "vetoed", "neg_tokens", "neg_rows", "neg_triggered", "triggers", "kl", "gc_loss",
+             "gc_margin", "gc_margin_start", "gc_closed", "gc_seen")
+
+
+def grad_norm_of(module) -> float:
+    """Total gradient norm before clipping (DeepSpeed clips inside `step`)."""
+    grads = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
+    return float(torch.stack(grads).norm()) if grads else 0.0
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -256,52 +318,3 @@ def _sum_over_ranks(values: list[float]) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=collective_device())
     dist.all_reduce(t)
     return t.tolist()
-
-
-def _max_over_ranks(value: int) -> int:
-    if rank_and_world()[1] == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.int64, device=collective_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
-
-
-def _zero_loss(engine, pad_id: int) -> torch.Tensor:
-    """A loss of exactly 0 through every parameter: a rank with no rows left still takes part
-    in the backward pass (and its gradient reduction) with nothing to add."""
-    packed = pack([Row([pad_id], [pad_id], [0.0], 0.0, 0)], pad_id)
-    logp, _ = token_logp(engine, packed)
-    return logp.sum() * 0.0
-
-
-def _pg_loss(engine, rows_k, loss_cfg, veto, pad_id, num_seqs, num_tokens, max_new_tokens,
-             sums) -> torch.Tensor:
-    """The policy-gradient loss of one micro-batch (its share of the step-global mean)."""
-    packed = pack(rows_k, pad_id)
-    logp, logits = token_logp(engine, packed)
-    old, w, truncated, mask, trig, dropped = _loss_masks(logp, packed, rows_k, loss_cfg, veto)
-    loss_tok, c_low, c_high = ppo_token_loss(logp, old, packed.adv, loss_cfg.clip_low,
-                                             loss_cfg.clip_high, loss_cfg.dual_clip)
-    loss_tok = loss_tok * w * packed.scale[:, None]
-    loss = aggregate(loss_tok, mask, loss_cfg.aggregation, num_seqs, num_tokens, max_new_tokens)
-    entropy = entropy_from_logits(logits.detach() if loss_cfg.entropy_coef == 0 else logits)
-    if loss_cfg.entropy_coef > 0:
-        loss = loss - loss_cfg.entropy_coef * aggregate(
-            entropy, mask, loss_cfg.aggregation, num_seqs, num_tokens, max_new_tokens)
-    m = packed.mask
-    sums["loss"] += loss.item()
-    sums["clip_low"] += (c_low * m).sum().item()
-    sums["clip_high"] += (c_high * m).sum().item()
-    sums["w"] += (w * m).sum().item()
-    sums["w_trunc"] += (truncated * m).sum().item()
-    sums["entropy"] += (entropy.detach() * m).sum().item()
-    sums["tokens"] += m.sum().item()
-    sums["train_tokens"] += int(packed.attention.sum().item())
-    if veto is not None:
-        neg = (packed.adv < 0)[:, None] & (m != 0)  # (B, T) loss tokens of negative responses
-        sums["vetoed"] += dropped.sum().item()
-        sums["neg_tokens"] += neg.sum().item()
-        sums["neg_rows"] += neg.any(dim=-1).sum().item()
-        sums["neg_triggered"] += trig.any(dim=-1).sum().item()
-        sums["triggers"] += trig.sum().item()
-    return loss

@@ -160,8 +160,9 @@ class LossConfig:
     """Group advantage estimator (ALGORITHMS.md 1.2)."""
     old_policy: Literal["proximal", "behaviour"] = "proximal"
     """Denominator of the PPO ratio: 'proximal' = decoupled PPO, the learner's weights at the
-    start of the step, with the behaviour weight w = pi_prox / pi_behav (8.3); 'behaviour' =
-    the stored behaviour log-probs, w = 1 (Mu-GRPO, 5.2)."""
+    start of the learner step (before its first optimizer step), with the behaviour weight
+    w = pi_prox / pi_behav (8.3); 'behaviour' = the stored behaviour log-probs, w = 1 (Mu-GRPO,
+    5.2)."""
     std_mode: Literal["unbiased", "population"] = "unbiased"
     """Std used by the GRPO advantage."""
     aggregation: Aggregation = "seq-mean-token-mean"
@@ -177,11 +178,15 @@ class LossConfig:
     behav_weight_mode: Literal["truncate", "mask", "off"] = "truncate"
     """Decoupled PPO weight: truncate at C, mask tokens above C, or off (w = 1)."""
     kl_beta: float = 0.0
-    """KL penalty coefficient against the initial model (0 = no reference model)."""
+    """KL penalty coefficient (ALGORITHMS.md 1.5) against the reference policy: a frozen copy of
+    the initial weights (model.path, also after a resume), kept on each learner rank (under
+    ZeRO-3 as an inference-only ZeRO-3 engine, its parameters offloaded to CPU memory on GPU).
+    0 = no reference model is loaded and no reference log-probs are computed."""
     kl_kind: Literal["k1", "k2", "k3"] = "k3"
-    """KL estimator."""
+    """KL estimator with x = log pi_ref - log pi_theta: k1 = -x, k2 = x^2 / 2,
+    k3 = e^x - x - 1 (>= 0, GRPO's)."""
     entropy_coef: float = 0.0
-    """Entropy bonus coefficient."""
+    """Entropy bonus coefficient (the entropy of the sampling distribution, softmax(logits / T))."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +194,8 @@ class OptimConfig:
     lr: float = 2e-4
     """AdamW learning rate."""
     warmup_steps: int = 10
-    """Linear warm-up steps."""
+    """Linear warm-up, in learner steps: the learning rate is constant over the optimizer steps
+    of one learner step (mini_batches x epochs of them) and reaches optim.lr at this step."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     grad_clip: float = 1.0
@@ -198,6 +204,17 @@ class OptimConfig:
     """DeepSpeed ZeRO stage (0-3)."""
     bf16: bool = False
     """Train in bf16 (DeepSpeed mixed precision)."""
+    mini_batches: int = 1
+    """Optimizer steps per pass over a learner step's batch: the step's groups are split, whole,
+    into this many mini-batches (DAPO: 512 prompts in mini-batches of 32 = 16). The proximal
+    log-probs (ALGORITHMS.md 8.3) are computed once, with the weights at the start of the learner
+    step, so from the second mini-batch on the ratio pi_theta / pi_prox moves away from 1 and
+    the clip terms act; each optimizer step's loss has its own mini-batch's denominators (1.4).
+    policy_version still counts learner steps (one rollout batch), not optimizer steps, as in
+    AReaL: staleness and admission (max_staleness) are in learner steps."""
+    epochs: int = 1
+    """Passes over the learner step's batch (PPO epochs); each pass takes `mini_batches`
+    optimizer steps in the same order. AERO: GRPO epochs 1."""
 
 
 @dataclass(frozen=True)
@@ -245,7 +262,14 @@ class LearnerConfig:
     threads: int = 1
     """Torch CPU threads per learner rank."""
     micro_batch: int = 256
-    """Sequences per forward/backward micro-batch (gradients accumulate over the step)."""
+    """Most sequences per forward/backward micro-batch (gradients accumulate over the optimizer
+    step). A micro-batch is also bounded by max_tokens_per_micro_batch; both limits hold."""
+    max_tokens_per_micro_batch: int | None = None
+    """Most padded tokens (sequences x longest prompt+response) per forward/backward micro-batch;
+    rows are sorted by length, so micro-batches of long rows hold few of them. A row longer than
+    the budget gets a micro-batch of its own. null = bounded by micro_batch alone. The log-probs
+    never hold the whole micro-batch's logits (learner/logprobs.py), so activation memory grows
+    with this budget, not with budget x vocabulary."""
     grad_checkpointing: bool = False
     """Recompute activations in the backward pass (large models on GPU)."""
 

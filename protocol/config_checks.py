@@ -114,6 +114,7 @@ def value_problems(cfg: Config) -> list[str]:
     found += _task_problems(cfg)
     found += _loss_problems(cfg)
     found += _weight_sync_problems(cfg)
+    found += _update_problems(cfg)
     return found
 
 
@@ -175,4 +176,27 @@ def _weight_sync_problems(cfg: Config) -> list[str]:
                 f"trains on weights {k - 1} versions old at best, every group would be dropped "
                 "and the learner would never step (raise max_staleness, or use stale_policy "
                 "'tis' or 'downweight')")
+    return found
+
+
+def _update_problems(cfg: Config) -> list[str]:
+    """The learner update's keys: optimizer steps, micro-batches and the KL term."""
+    o, ln, found = cfg.optim, cfg.learner, []
+    if o.mini_batches < 1:
+        found.append(f"'optim.mini_batches' must be >= 1 (optimizer steps per learner step), "
+                     f"got {o.mini_batches}")
+    if o.epochs < 1:
+        found.append(f"'optim.epochs' must be >= 1 (passes over a learner step's batch), got "
+                     f"{o.epochs}")
+    if o.mini_batches > cfg.rollout.prompts_per_step:
+        found.append(f"'optim.mini_batches' ({o.mini_batches}) must be <= "
+                     f"'rollout.prompts_per_step' ({cfg.rollout.prompts_per_step}): a mini-batch "
+                     "holds whole groups, at least one")
+    budget = ln.max_tokens_per_micro_batch
+    if budget is not None and budget <= cfg.rollout.max_new_tokens:
+        found.append(f"'learner.max_tokens_per_micro_batch' ({budget}) must exceed "
+                     f"'rollout.max_new_tokens' ({cfg.rollout.max_new_tokens}): it is smaller "
+                     "than one full-length sequence (prompt + response)")
+    if cfg.loss.kl_beta < 0:
+        found.append(f"'loss.kl_beta' must be >= 0 (0 = no KL term), got {cfg.loss.kl_beta}")
     return found

@@ -72,8 +72,8 @@ def test_ar3po_policy_recomputed_reuse_trains_the_reused_response_with_weight_on
     cfg = config("ar3po", "ar3po.reuse_mode=policy_recomputed")
     _, state = step(cfg, [group([True, False], gid="first")])
     batch, _ = step(cfg, [group([False] * 8, gid="later")], state=state, version=2)
-    reused = [r for r in batch.rows if not r.behav_weight]
-    assert len(batch.rows) == 8 and len(reused) == 1
+    reused = [r for r in batch.rows if r.reuse == "policy_recomputed"]
+    assert len(batch.rows) == 8 and len(reused) == 1 and reused[0].adv > 0
     assert reused[0].adv == pytest.approx(2.475, abs=1e-3) and reused[0].scale == 1.0
 
 
@@ -82,7 +82,8 @@ def test_ar3po_direct_replay_trains_the_reused_response_against_its_stored_logpr
     _, state = step(cfg, [group([True, False], gid="first")])
     batch, _ = step(cfg, [group([False] * 8, gid="later")], state=state, version=2)
     reused = [r for r in batch.rows if r.adv > 0]
-    assert len(reused) == 1 and reused[0].behav_weight and reused[0].policy_version == 0
+    assert len(reused) == 1 and reused[0].reuse == "direct_replay"
+    assert reused[0].policy_version == 0
     assert reused[0].behav_logp == [-0.5] * 3
 
 

@@ -98,6 +98,20 @@ def test_transport_messages_per_second_and_share_of_a_learner_step(tiny_model, t
     assert_targets_block(r)
 
 
+@pytest.mark.slow
+def test_memory_the_full_logits_grow_with_tokens_and_the_chunked_head_does_not(tmp_path):
+    # a 32k vocabulary and 128-token rows: 256 MB of float32 logits at 2048 tokens, in seconds;
+    # 8 MB chunks (64 tokens), so both sizes take several
+    r = bench("memory", tmp_path / "memory", "--tokens", "512,2048", "--seq-len", "128",
+              "--vocab", "32768", "--hidden", "32", "--layers", "1", "--chunk-mb", "8")
+    small, big = r["cases"]["512"], r["cases"]["2048"]
+    assert big["logits_mb"] == pytest.approx(4 * small["logits_mb"])
+    assert big["head_full_mb"] > 3 * small["head_full_mb"]  # grows with T x V
+    assert big["head_chunked_mb"] < 1.5 * small["head_chunked_mb"]  # one chunk at a time
+    assert big["full"] > 2 * big["chunked"]
+    assert_targets_block(r)
+
+
 # -- run folders: an interrupted bench continues, nobody else's run is touched ------------------
 
 def fake_train(calls):

@@ -9,7 +9,7 @@ import torch
 
 from actors.engines.hf import HFEngine, sample_tokens
 from learner.batch import Row, pack
-from learner.update import token_logp
+from learner.logprobs import token_logp
 from tasks.prompts import prompt_token_ids
 from tasks.tiny_model import build_model, build_tokenizer
 
@@ -118,17 +118,30 @@ def test_greedy_rows_take_the_argmax_and_top_p_keeps_only_the_nucleus():
     assert torch.allclose(logp[0], torch.log_softmax(logits[0], -1)[1])
 
 
-def test_pack_lines_engine_logprobs_up_with_the_learner_forward():
-    tok, model = tiny()
+def sampled_rows(tok, model, temperature):
     prompts = [prompt_token_ids(tok, q) for q in ["1+2=", "47+385=", "9-3="]]
     torch.manual_seed(0)
-    outs = HFEngine(model).generate(prompts, [3, 2, 4], max_new_tokens=6)
+    outs = HFEngine(model).generate(prompts, [3, 2, 4], max_new_tokens=6, temperature=temperature)
     assert [len(o) for o in outs] == [3, 2, 4]
-    rows = [Row(p, c.token_ids, c.logprobs, 1.0, 0) for p, cs in zip(prompts, outs) for c in cs]
-    packed = pack(rows, tok.pad_token_id)
+    return [Row(p, c.token_ids, c.logprobs, 1.0, 0) for p, cs in zip(prompts, outs) for c in cs]
+
+
+def gap(model, packed, temperature):
     with torch.no_grad():
-        logp, _ = token_logp(model, packed)
-    assert ((logp - packed.behav_logp) * packed.mask).abs().max() < 1e-5
+        logp, _ = token_logp(model, packed, temperature)
+    return float(((logp - packed.behav_logp) * packed.mask).abs().max())
+
+
+def test_sampled_logprobs_match_a_full_forward_pass_of_the_same_weights():
+    tok, model = tiny()
+    assert gap(model, pack(sampled_rows(tok, model, 1.0), tok.pad_token_id), 1.0) < 1e-4
+
+
+def test_at_temperature_0_7_the_learner_matches_the_sampler_only_at_the_same_temperature():
+    tok, model = tiny()
+    packed = pack(sampled_rows(tok, model, 0.7), tok.pad_token_id)
+    assert gap(model, packed, 0.7) < 1e-4
+    assert gap(model, packed, 1.0) > 1e-2  # T = 1 on the learner: every ratio biased
 
 
 def test_pack_marks_exactly_the_response_targets():

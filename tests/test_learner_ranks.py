@@ -35,6 +35,7 @@ def make_rows(n_active: int, n_zero: int, seed: int = 0) -> list[LossRow]:
 
 
 ROW_SETS = [5, 1]  # active rows per step; 5: uneven shares, 1: rank 1 has no row at all
+MINI_BATCHES = [1, 2]  # optimizer steps per learner step: each row set is trained both ways
 
 
 def one_step(rank: int, world: int, port: int, model: str, out: str) -> None:
@@ -42,6 +43,7 @@ def one_step(rank: int, world: int, port: int, model: str, out: str) -> None:
     the weights stay put and every step sees the same model) and save the reduced gradients
     (just before the optimizer uses them) and the metrics."""
     import os
+    from dataclasses import replace
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
@@ -51,8 +53,12 @@ def one_step(rank: int, world: int, port: int, model: str, out: str) -> None:
     from learner.ranks import train_step
     from protocol.config import load_config
 
-    cfg = load_config(TINY, [f"model.path={model}", "learner.micro_batch=2", "optim.lr=0",
-                             "optim.warmup_steps=1"])
+    # lr 0 is refused in a user's config (it trains nothing); here it keeps the weights put
+    cfgs = [load_config(TINY, [f"model.path={model}", "learner.micro_batch=2",
+                               "optim.warmup_steps=1", f"optim.mini_batches={mb}"])
+            for mb in MINI_BATCHES]
+    cfgs = [replace(c, optim=replace(c.optim, lr=0.0)) for c in cfgs]
+    cfg = cfgs[0]
     init_learner_distributed(cfg, rank, world)
     engine = build_engine(cfg, model)
     grads: list[dict] = []
@@ -65,7 +71,8 @@ def one_step(rank: int, world: int, port: int, model: str, out: str) -> None:
         step()
 
     engine.step = capture_then_step
-    metrics = [train_step(engine, cfg, 0, make_rows(n, n_zero=3, seed=n), []) for n in ROW_SETS]
+    metrics = [train_step(engine, c, 0, make_rows(n, n_zero=3, seed=n), [])
+               for c in cfgs for n in ROW_SETS]
     if rank == 0:
         torch.save({"grads": grads, "metrics": metrics}, out)
     torch.distributed.destroy_process_group()
@@ -87,15 +94,19 @@ def run_ranks(world: int, model: Path, out: Path) -> dict:
 def test_two_ranks_reduce_the_same_gradient_and_metrics_as_one(tiny_model, tmp_path):
     one = run_ranks(1, tiny_model, tmp_path / "one.pt")
     two = run_ranks(2, tiny_model, tmp_path / "two.pt")
-    assert len(one["grads"]) == len(two["grads"]) == len(ROW_SETS)
-    for n_active, g1, g2, m1, m2 in zip(ROW_SETS, one["grads"], two["grads"], one["metrics"],
-                                        two["metrics"]):
+    # one optimizer step per row set, then two per row set (the second mini-batch of the set
+    # with one active row has no gradient and takes no step): 2 + 3 boundaries
+    assert len(one["grads"]) == len(two["grads"]) == 5
+    for g1, g2 in zip(one["grads"], two["grads"]):
         assert g1.keys() == g2.keys() and g1
         for name, g in g1.items():
             torch.testing.assert_close(g2[name], g, rtol=1e-4, atol=1e-7, msg=name)
+    for n_active, m1, m2 in zip(ROW_SETS * 2, one["metrics"], two["metrics"]):
         for key in ("loss", "pg/clip_frac", "is/w_mean", "policy/entropy", "grad_norm"):
             assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-7), key
         assert m2["train/rows_forward"] == m1["train/rows_forward"] == n_active
+        assert m2["train/optimizer_steps"] == m1["train/optimizer_steps"]
+    assert [m["train/optimizer_steps"] for m in one["metrics"]] == [1, 1, 2, 1]
 
 
 def test_a_plan_survives_the_wire_exactly_and_without_pickle():

@@ -219,11 +219,24 @@ def test_kl_estimators_match_their_formulas():
 
 @settings(max_examples=50, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1))
-def test_k3_is_nonnegative_and_zero_when_the_policies_agree(seed):
+def test_k2_and_k3_are_nonnegative_and_every_estimator_is_zero_when_the_policies_agree(seed):
     g = torch.Generator().manual_seed(seed)
     logp, ref = torch.randn(2, 2, 6, generator=g)
-    assert (kl_penalty(logp, ref, "k3") >= 0).all()
-    assert (kl_penalty(logp, logp, "k3") == 0).all()
+    assert (kl_penalty(logp, ref, "k3") >= 0).all() and (kl_penalty(logp, ref, "k2") >= 0).all()
+    for kind in ("k1", "k2", "k3"):
+        assert (kl_penalty(logp, logp, kind) == 0).all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_k1_and_k3_average_to_the_kl_over_samples_of_the_policy(seed):
+    # both are unbiased estimators of KL(pi_theta || pi_ref) on tokens sampled from pi_theta
+    g = torch.Generator().manual_seed(seed)
+    theta, ref = torch.log_softmax(torch.randn(2, 5, generator=g), dim=-1)
+    exact = (theta.exp() * (theta - ref)).sum()
+    for kind in ("k1", "k3"):
+        expected = (theta.exp() * kl_penalty(theta, ref, kind)).sum()  # E over v ~ pi_theta
+        assert expected.item() == pytest.approx(exact.item(), abs=1e-5)
 
 
 def test_uniform_logits_have_entropy_log_vocab_size_in_fp32():

@@ -9,8 +9,9 @@ import torch
 
 from tasks.tiny_model import build_model, build_tokenizer
 from learner.batch import pack
-from learner.update import (ContrastGroup, LossRow, contrast_batches, policy_update,
-                            ratio_terms, token_logp)
+from learner.logprobs import token_logp
+from learner.update import (ContrastGroup, LossRow, UpdateSpec, contrast_batches, policy_update,
+                            ratio_terms)
 from protocol.algorithm_config import GCPOConfig, MuGRPOConfig
 from protocol.config import LossConfig
 
@@ -61,29 +62,46 @@ def row(model, adv, shift=0.0, **kw) -> LossRow:
     return LossRow(PROMPT, RESPONSE, [x + shift for x in own_logp(model)], adv, 0, **kw)
 
 
-def run(model, rows, loss_cfg, micro_batch=64, **kw) -> dict:
-    return policy_update(Engine(copy.deepcopy(model)), rows, loss_cfg, 0, micro_batch, 8, **kw)
+def run(model, rows, loss_cfg, micro_batch=64, contrasts=(), **kw) -> dict:
+    spec = UpdateSpec(loss_cfg, max_new_tokens=8, micro_batch=micro_batch, **kw)
+    return policy_update(Engine(copy.deepcopy(model)), rows, spec, 0, contrasts)
+
+
+FRESH, RECOMPUTED, REPLAYED = (torch.tensor([[True], [False], [False]]),
+                               torch.tensor([[False], [True], [False]]),
+                               torch.tensor([[False], [False], [True]]))
 
 
 def test_ratio_to_behaviour_uses_stored_logprobs_and_weight_one():
-    prox, behav = torch.zeros(2, 3), torch.full((2, 3), -1.0)
-    corrected = torch.tensor([[True], [False]])
-    old, w, keep, _ = ratio_terms(prox, behav, corrected, LossConfig(old_policy="behaviour"))
-    assert old[0].tolist() == [-1.0] * 3 and old[1].tolist() == [0.0] * 3
+    prox, behav = torch.zeros(3, 2), torch.full((3, 2), -1.0)
+    old, w, keep, _ = ratio_terms(prox, behav, RECOMPUTED, REPLAYED,
+                                  LossConfig(old_policy="behaviour"))
+    assert old.tolist() == [[-1.0] * 2, [0.0] * 2, [-1.0] * 2]  # recomputed rows: to pi_prox
     assert w.eq(1).all() and keep.all()
 
 
-def test_the_proximal_ratio_truncates_the_behaviour_weight_except_for_uncorrected_rows():
-    prox, behav = torch.zeros(2, 3), torch.full((2, 3), -5.0)
-    corrected = torch.tensor([[True], [False]])
-    old, w, _, truncated = ratio_terms(prox, behav, corrected, LossConfig())
-    assert old.eq(prox).all() and w[0].tolist() == [2.0] * 3 and w[1].tolist() == [1.0] * 3
-    assert truncated[0].all() and not truncated[1].any()
+def test_the_proximal_ratio_truncates_the_weight_of_fresh_rows_and_replays_against_storage():
+    prox, behav = torch.zeros(3, 2), torch.full((3, 2), -5.0)
+    old, w, _, truncated = ratio_terms(prox, behav, RECOMPUTED, REPLAYED, LossConfig())
+    # fresh: u to pi_prox, w = min(e^5, 2); policy-recomputed: to pi_prox, w = 1; direct
+    # replay (3.5): ratioed to its stored log-probs, w = 1
+    assert old.tolist() == [[0.0] * 2, [0.0] * 2, [-5.0] * 2]
+    assert w.tolist() == [[2.0] * 2, [1.0] * 2, [1.0] * 2]
+    assert truncated.tolist() == [[True] * 2, [False] * 2, [False] * 2]
 
 
 def test_a_policy_recomputed_row_is_trained_with_weight_one_however_stale_its_logprobs(model):
-    m = run(model, [row(model, 1.0, shift=-5.0, behav_weight=False)], LossConfig())
+    m = run(model, [row(model, 1.0, shift=-5.0, reuse="policy_recomputed")], LossConfig())
     assert m["is/w_mean"] == pytest.approx(1.0) and m["is/w_truncated_frac"] == 0
+    assert m["pg/clip_frac"] == 0  # its ratio starts at 1 (3.5)
+
+
+def test_a_direct_replay_row_far_from_its_stored_logprobs_is_clipped(model):
+    # stored log-probs 5 nats above the current policy's: ratio e^-5, far below 1 - 0.2, and
+    # a negative advantage: the clipped branch is active on every token (3.5)
+    m = run(model, [row(model, -1.0, shift=5.0, reuse="direct_replay")], LossConfig())
+    assert m["pg/clip_frac"] == 1.0 and m["is/w_mean"] == pytest.approx(1.0)
+    assert m["grad_norm"] == 0.0
 
 
 def veto_cfg(delta):
@@ -120,13 +138,16 @@ def test_gcpo_raises_the_margin_between_the_golden_and_the_failures(model):
     contrast = ContrastGroup(PROMPT, [9, 10, 1], [[11, 12, 1], [13, 1]])
     m = run(model, [], LossConfig(), contrasts=[contrast], gcpo=GCPOConfig(coef=1.0))
     assert m["gcpo/margin_after"] > m["gcpo/margin"]
-    assert m["gcpo/gate_closed_frac"] == 0  # one update per step: the gates start open
+    assert m["gcpo/gate_closed_frac"] == 0  # one optimizer step: the gates start open
 
 
 def test_contrast_groups_are_batched_whole():
     groups = [ContrastGroup([1], [2], [[3]] * k) for k in (3, 3, 1)]
-    assert [len(b) for b in contrast_batches(groups, micro_batch=6)] == [1, 2]
-    assert [len(b) for b in contrast_batches(groups, micro_batch=1)] == [1, 1, 1]
+    assert contrast_batches(groups, max_seqs=6) == [[0], [1, 2]]
+    assert contrast_batches(groups, max_seqs=1) == [[0], [1], [2]]
+    # 4 rows of 2 tokens, then 2 rows: a padded-token budget of 8 holds one group at a time
+    assert contrast_batches(groups, max_seqs=64, max_tokens=8) == [[0], [1], [2]]
+    assert contrast_batches(groups, max_seqs=64, max_tokens=12) == [[0], [1, 2]]
 
 
 def test_token_ratios_are_null_not_zero_when_no_token_enters_the_loss(model):

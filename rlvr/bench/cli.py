@@ -4,7 +4,9 @@
     rlvr bench throughput CONFIG [--modes sync,async_s2,...] [--skip-first S]
     rlvr bench weights [CONFIG] [--big-mb 64,256] [--rounds 5] [--receivers N]
     rlvr bench transport [CONFIG] [--messages 2000] [--step-s S]
-each with [--steps N] [--out DIR (default runs/bench/<kind>)] [a.b=value ...].
+each with [--steps N] [--out DIR (default runs/bench/<kind>)] [a.b=value ...], and
+    rlvr bench memory [--tokens 1024,4096,8192] [--seq-len 1024] [--vocab 151936] [--chunk-mb M]
+                      [--out DIR]   (one micro-batch of a model it builds: no config, no run).
 Names are checked before any run starts; the benches themselves are in this package.
 """
 
@@ -48,6 +50,11 @@ def bench(args) -> int:
 
                 transport.run(args.config, out, _with_steps(overrides, args.steps),
                               args.messages, args.step_s)
+            case "memory":
+                from rlvr.bench import memory
+
+                memory.run(out, [int(t) for t in _names(args.tokens)], args.seq_len, args.vocab,
+                           args.hidden, args.layers, args.chunk_mb)
     except BenchError as e:
         print(f"rlvr bench: {e}", file=sys.stderr)
         return 1
@@ -79,6 +86,14 @@ def _check_bench_args(args) -> None:
             refuse("--rounds must be >= 1")
         if not all(mb.isdigit() for mb in _names(args.big_mb)):
             refuse(f"--big-mb: sizes in whole MB, comma-separated, not {args.big_mb!r}")
+    if args.kind == "memory":
+        tokens = _names(args.tokens)
+        if not tokens or not all(t.isdigit() and int(t) > 0 for t in tokens):
+            refuse(f"--tokens: positive whole numbers, comma-separated, not {args.tokens!r}")
+        if args.seq_len <= 64 or any(int(t) % args.seq_len for t in tokens):
+            refuse("--seq-len must exceed the 64-token prompt and divide every --tokens value")
+        if min(args.vocab, args.hidden, args.layers, args.chunk_mb) < 1:
+            refuse("--vocab, --hidden, --layers and --chunk-mb must be >= 1")
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -90,11 +105,13 @@ def _with_steps(overrides: list[str], steps: int | None) -> list[str]:
 
 
 def add_cli(sub) -> None:
-    """Add `bench` and its four kinds to the `rlvr` subcommands."""
+    """Add `bench` and its five kinds to the `rlvr` subcommands."""
+    from learner.logprobs import CHUNK_LOGITS_BYTES
     from rlvr.bench.efficiency import ALGORITHMS as BENCHED
     from rlvr.bench.throughput import DEFAULT_MODES, MODES
 
-    b = sub.add_parser("bench", help="benchmarks: efficiency, throughput, weights, transport")
+    b = sub.add_parser("bench",
+                       help="benchmarks: efficiency, throughput, weights, transport, memory")
     kinds = b.add_subparsers(dest="kind", required=True)
     for kind, needs_config, what in [
             ("efficiency", True, "responses generated and accuracy per algorithm"),
@@ -128,3 +145,15 @@ def add_cli(sub) -> None:
     x.add_argument("--messages", type=int, default=2000, help="Group messages to send")
     x.add_argument("--step-s", type=float,
                    help="learner step seconds to compare with (default: measure policy_update)")
+    mem = kinds.add_parser("memory", help="peak learner memory of one micro-batch: full logits "
+                                          "vs chunked log-probs")
+    mem.add_argument("--tokens", default="1024,4096,8192",
+                     help="micro-batch sizes in tokens, comma-separated")
+    mem.add_argument("--seq-len", type=int, default=1024, help="tokens per row")
+    mem.add_argument("--vocab", type=int, default=151_936, help="vocabulary (Qwen2.5's)")
+    mem.add_argument("--hidden", type=int, default=256, help="hidden size")
+    mem.add_argument("--layers", type=int, default=2, help="transformer layers")
+    mem.add_argument("--chunk-mb", type=int, default=CHUNK_LOGITS_BYTES >> 20,
+                     help="float32 logits per chunk in MB (default: the learner's)")
+    mem.add_argument("--out", help="output folder (default runs/bench/memory)")
+    mem.set_defaults(func=bench, config=None, overrides=[], steps=None)

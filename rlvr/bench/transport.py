@@ -117,7 +117,7 @@ def policy_update_seconds(cfg, tokenizer, groups: list, rounds: int = 4) -> list
     import torch
 
     from learner.engine import build_engine, init_learner_distributed
-    from learner.update import LossRow, policy_update
+    from learner.update import LossRow, UpdateSpec, policy_update
 
     torch.set_num_threads(cfg.learner.threads)
     init_learner_distributed(cfg, rank=0, world_size=1)
@@ -128,8 +128,7 @@ def policy_update_seconds(cfg, tokenizer, groups: list, rounds: int = 4) -> list
     times = []
     for _ in range(rounds):
         t0 = time.perf_counter()
-        policy_update(engine, rows, cfg.loss, tokenizer.pad_token_id, cfg.learner.micro_batch,
-                      cfg.rollout.max_new_tokens)
+        policy_update(engine, rows, UpdateSpec.of(cfg), tokenizer.pad_token_id)
         times.append(time.perf_counter() - t0)
     return times
 
