@@ -31,7 +31,7 @@ def preset(name: str) -> dict:
         case "rloo":  # 2: leave-one-out baseline inside the clipped surrogate
             return {"rollout": {"policy": "fixed"}, "loss": {"advantage": "rloo"}}
         case "ar3po":  # 3: staged stop-on-first-correct rollout + advantage-only reuse
-            return {"rollout": {"policy": "stop_on_correct", "abort_on_first_correct": True},
+            return {"rollout": {"policy": "stop_on_correct"},
                     "ar3po": {"reuse_mode": "advantage_only"}}
         case "aero":  # 4: explore + rescue from a budget pooled over the step (one work item)
             return {"rollout": {"policy": "aero", "prompts_per_work": None},

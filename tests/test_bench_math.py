@@ -230,9 +230,9 @@ def test_abort_on_first_correct_targets_compare_tokens_per_trained_prompt_and_ac
         return [[eval_row(0, 0.4, 0.0),
                  {"step": 1, "time_s": 1.0, "gen/responses_per_step": 10, "gen/tokens": tokens,
                   "groups/trained_ids": ["a", "b", "c", "d"], "eval/avg@8": acc}]] * 3
-    s = efficiency.summarize({"ar3po": seeds(90, 0.60), "ar3po_no_abort": seeds(100, 0.61)},
+    s = efficiency.summarize({"ar3po_abort": seeds(90, 0.60), "ar3po": seeds(100, 0.61)},
                              target_acc=0.5)
-    assert s["algorithms"]["ar3po"]["gen_tokens_per_trained_prompt"]["mean"] == 22.5
+    assert s["algorithms"]["ar3po_abort"]["gen_tokens_per_trained_prompt"]["mean"] == 22.5
     t = s["targets"]
     assert t["ar3po_abort_fewer_tokens_per_trained_prompt"]["met"] is True  # 22.5 < 25
     assert t["ar3po_abort_accuracy_within_2pt"]["met"] is True  # 0.60 >= 0.61 - 0.02

@@ -15,10 +15,10 @@ From each run's metrics.jsonl (rlvr/bench/reduce.py):
     `run.eval_every` steps, so the count is rounded up to the next evaluation);
   - final eval/avg@8 and eval/pass@8, and training wall time (mean and spread over seeds);
   - reduction factors: a baseline's responses per step / the algorithm's.
-Besides the presets, `--algorithms` takes the variants in VARIANTS: `ar3po_no_abort` is AR3PO
-with rollout.abort_on_first_correct off (a stage runs all its samples), so
-`--algorithms ar3po,ar3po_no_abort --seeds 3` measures what aborting the siblings of a first
-correct answer saves (tokens generated per trained prompt) and whether it costs accuracy.
+Besides the presets, `--algorithms` takes the variants in VARIANTS: `ar3po_abort` is AR3PO
+with rollout.abort_on_first_correct on (the siblings of a first correct answer are aborted), so
+`--algorithms ar3po,ar3po_abort --seeds 3` measures what that saves (tokens generated per
+trained prompt, aborted partial responses included) and whether it costs accuracy.
 Writes DIR/results.json, DIR/*.png and prints the tables.
 """
 
@@ -34,7 +34,7 @@ from learner.run_log import read_metrics
 
 ALGORITHMS = ("grpo", "dapo", "ar3po", "aero", "hora")
 VARIANTS = {  # name -> (algorithm preset, overrides on top)
-    "ar3po_no_abort": ("ar3po", ["rollout.abort_on_first_correct=false"]),
+    "ar3po_abort": ("ar3po", ["rollout.abort_on_first_correct=true"]),
 }
 
 

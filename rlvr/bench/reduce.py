@@ -309,16 +309,16 @@ def efficiency_targets(algorithms: dict[str, dict], reduction_vs_dapo: float | N
 
     dapo, grpo = final("dapo"), final("grpo")
     out = {}
-    if "ar3po_no_abort" in algorithms and "ar3po" in algorithms:  # abort on first correct
+    if "ar3po_abort" in algorithms and "ar3po" in algorithms:  # abort on first correct
         def per_prompt(name: str) -> float | None:
             return algorithms[name].get("gen_tokens_per_trained_prompt", {}).get("mean")
 
-        off = final("ar3po_no_abort")
+        off = final("ar3po")
         out["ar3po_abort_fewer_tokens_per_trained_prompt"] = target(
-            "ar3po tokens/trained prompt < ar3po_no_abort's", per_prompt("ar3po"), "<",
-            per_prompt("ar3po_no_abort"))
+            "ar3po_abort tokens/trained prompt < ar3po's", per_prompt("ar3po_abort"), "<",
+            per_prompt("ar3po"))
         out["ar3po_abort_accuracy_within_2pt"] = target(
-            "ar3po final eval/avg@8 >= ar3po_no_abort's - 0.02", final("ar3po"), ">=",
+            "ar3po_abort final eval/avg@8 >= ar3po's - 0.02", final("ar3po_abort"), ">=",
             off - 0.02 if is_number(off) else None)
     return out | {
         "ar3po_4x_fewer_responses_than_dapo": target(

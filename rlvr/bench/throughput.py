@@ -11,7 +11,7 @@ Trains the config's algorithm for the same number of steps in each schedule (`--
 The in-flight weight update policies (`actors.inflight_update`, README "How data flows") and
 AR3PO's abort on first correct are modes too, selected with `--modes`:
   async_s2_finish / async_s2_continue / async_s2_abort   max_staleness=2 and that policy
-  async_s2_no_abort   max_staleness=2 with rollout.abort_on_first_correct=false
+  async_s2_first_correct_abort   max_staleness=2 with rollout.abort_on_first_correct=true
 The table reports the learner's wait per weight sync (`sync/learner_wait_s`: from telling the
 actors to sync to the last one holding the weights) side by side.
 Evaluation runs only after the last step (run.eval_every = steps unless overridden). Numbers
@@ -50,7 +50,8 @@ MODES = {
     "async_s2_finish": ["mode=async", "max_staleness=2", "actors.inflight_update=finish"],
     "async_s2_continue": ["mode=async", "max_staleness=2", "actors.inflight_update=continue"],
     "async_s2_abort": ["mode=async", "max_staleness=2", "actors.inflight_update=abort"],
-    "async_s2_no_abort": ["mode=async", "max_staleness=2", "rollout.abort_on_first_correct=false"],
+    "async_s2_first_correct_abort": ["mode=async", "max_staleness=2",
+                                     "rollout.abort_on_first_correct=true"],
 }
 DEFAULT_MODES = ("sync", "async_s1", "async_s2", "async_s4", "staged")
 INFLIGHT_MODES = ("sync", "async_s2_finish", "async_s2_continue", "async_s2_abort")
