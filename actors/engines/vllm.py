@@ -48,6 +48,7 @@ from collections.abc import Sequence
 import torch
 
 from actors.engines import Completion
+from actors.engines.vllm_step import VLLMStepLoop
 
 INSTALL_HINT = "vLLM is not installed; install with pip install -e '.[vllm]' on a GPU machine"
 
@@ -156,7 +157,9 @@ def hf_to_vllm_names(names: list[str]) -> list[str]:
 
 # -- the engine (thin: every vLLM call is here) -------------------------------------------------
 
-class VLLMEngine:
+class VLLMEngine(VLLMStepLoop):
+    """Batch `generate` here; the step-level requests the actor uses come from VLLMStepLoop."""
+
     def __init__(self, model_path: str, device: str = "cuda", dtype: str = "bfloat16",
                  gpu_memory_utilization: float = 0.5, enable_prefix_caching: bool = True,
                  max_model_len: int | None = None, seed: int = 0, enforce_eager: bool = False,
@@ -198,10 +201,11 @@ class VLLMEngine:
     def weight_targets(self) -> list[tuple[str, torch.Tensor]]:
         return list(self._staging)
 
-    def commit_weights(self) -> None:
+    def _reload_weights(self) -> None:
+        """Copy the staged tensors into the live model (VLLMStepLoop.commit_weights then resets
+        the prefix cache when no request holds blocks)."""
         pairs = [(name, t) for name, (_, t) in zip(self._vllm_names, self._staging)]
         self._llm.collective_rpc(_load_weights, args=(pairs,))
-        self._llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
 
 def _load_weights(worker, pairs: list[tuple[str, torch.Tensor]]) -> None:
