@@ -209,6 +209,7 @@ class FakeLLM:
 
     def reset_prefix_cache(self):
         self.resets += 1
+        return True  # vLLM says whether it could (not while requests hold blocks)
 
 
 @pytest.fixture
