@@ -27,7 +27,8 @@ def full_forward_logp(model, prompt: list[int], response: list[int], temperature
     ids = torch.tensor([prompt + response])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
-    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+    logp = torch.log_softmax(logits / temperature, -1)
+    return logp.gather(-1, torch.tensor(response)[:, None])[:, 0]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

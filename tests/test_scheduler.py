@@ -74,6 +74,11 @@ def first_correct_at(first: dict[int, int | None]):
 STAGED = RolloutSpec(strategy="stop_on_correct", max_new_tokens=16, stage_sizes=[2, 2, 4])
 
 
+def stages(*sizes: int, max_new_tokens: int = 16) -> RolloutSpec:
+    return RolloutSpec(strategy="stop_on_correct", max_new_tokens=max_new_tokens,
+                       stage_sizes=list(sizes))
+
+
 def test_fixed_gives_every_prompt_exactly_its_n_in_one_stage():
     sim = Sim(RolloutScheduler(abort_on_first_correct=True), first_correct_at({0: 0, 1: None}))
     out = sim.run(work(RolloutSpec(strategy="fixed", max_new_tokens=4), 2, n=5))
@@ -105,7 +110,7 @@ def test_siblings_of_a_first_correct_answer_are_aborted_and_counted():
     # stage of 4: sample 0 (correct) ends at step 2, sample 1 at 3, samples 2 and 3 need 9
     sim = Sim(RolloutScheduler(abort_on_first_correct=True), lambda p, k: k == 0,
               length=lambda p, k: [2, 3, 9, 9][k % 4])
-    out = sim.run(work(RolloutSpec(strategy="stop_on_correct", max_new_tokens=16, stage_sizes=[4, 4]), 1))
+    out = sim.run(work(stages(4, 4), 1))
     r = out[0]
     assert [s.acc for s in r.samples] == [True, False]  # the group: the finished samples
     assert sorted(sim.aborted) == [(0, 2, 3), (0, 3, 3)]  # stopped at step 3, 3 tokens each
@@ -119,7 +124,7 @@ def test_the_abort_waits_until_the_group_has_a_baseline():
     # the correct sample finishes alone at step 2; the others would take 5, 9, 9 steps
     sim = Sim(RolloutScheduler(abort_on_first_correct=True), lambda p, k: k == 0,
               length=lambda p, k: [2, 5, 9, 9][k])
-    out = sim.run(work(RolloutSpec(strategy="stop_on_correct", max_new_tokens=16, stage_sizes=[4, 4]), 1))
+    out = sim.run(work(stages(4, 4), 1))
     assert len(out[0].samples) == 2 and sim.step_no == 5
     assert sorted(n for _, _, n in sim.aborted) == [5, 5]
 
@@ -127,7 +132,7 @@ def test_the_abort_waits_until_the_group_has_a_baseline():
 def test_with_the_switch_off_a_stage_runs_all_its_samples():
     sim = Sim(RolloutScheduler(abort_on_first_correct=False), lambda p, k: k == 0,
               length=lambda p, k: [2, 3, 9, 9][k])
-    out = sim.run(work(RolloutSpec(strategy="stop_on_correct", max_new_tokens=16, stage_sizes=[4, 4]), 1))
+    out = sim.run(work(stages(4, 4), 1))
     assert len(out[0].samples) == 4 and sim.aborted == [] and out[0].aborted_tokens == 0
 
 
@@ -135,7 +140,7 @@ def test_siblings_decode_on_until_the_verdict_arrives():
     # verdicts take 3 steps: the siblings (length 20) are aborted 3 steps after the correct one
     sim = Sim(RolloutScheduler(abort_on_first_correct=True), lambda p, k: k == 0,
               length=lambda p, k: [2, 2, 20, 20][k], verify_delay=3)
-    out = sim.run(work(RolloutSpec(strategy="stop_on_correct", max_new_tokens=32, stage_sizes=[4]), 1))
+    out = sim.run(work(stages(4, max_new_tokens=32), 1))
     assert len(out[0].samples) == 2
     assert sorted(n for _, _, n in sim.aborted) == [5, 5]
 
