@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlvr.plan.sim import Item, LearnerCosts, Split, Workload, fixed_items, simulate
+from rlvr.plan.sim import Item, LearnerCosts, Machine, Split, Workload, fixed_items, simulate
 
 T_FIXED, T_UPDATE, BROADCAST = 0.03, 0.07, 0.004
 COSTS = LearnerCosts(fixed_s=T_FIXED, update_s=T_UPDATE, broadcast_s=BROADCAST)
@@ -119,3 +119,29 @@ def test_more_actors_never_lower_the_predicted_pace(work, cost, gen, staleness, 
     rates = [simulate(Split(a, 1, staleness), work, cost, jittered(*gen), steps=120,
                       seed=seed).steps_per_min for a in (1, 2, 3, 4)]
     assert all(b >= a * 0.97 for a, b in zip(rates, rates[1:])), rates
+
+
+def test_a_shared_machine_with_a_core_each_and_no_interference_is_the_cluster():
+    shared = Machine(shared_cores=2, actor_slowdown=1.0, learner_slowdown=1.0)
+    for s in (0, 2):
+        a = simulate(Split(1, max_staleness=s), WORK, COSTS, fixed_items(0.064), machine=shared)
+        b = simulate(Split(1, max_staleness=s), WORK, COSTS, fixed_items(0.064))
+        assert a.steps_per_min == pytest.approx(b.steps_per_min)
+
+
+def test_on_one_shared_core_asynchrony_buys_nothing():
+    one_core = Machine(shared_cores=1)
+    sync = simulate(Split(1), WORK, COSTS, fixed_items(0.064), machine=one_core)
+    for s in (1, 2, 4):
+        r = simulate(Split(1, max_staleness=s), WORK, COSTS, fixed_items(0.064),
+                     machine=one_core)
+        assert r.steps_per_min <= sync.steps_per_min * 1.01
+
+
+def test_interference_slows_only_what_overlaps():
+    slow = Machine(shared_cores=2, actor_slowdown=1.5, learner_slowdown=1.5)
+    sync = simulate(Split(1), WORK, COSTS, fixed_items(0.064), machine=slow)
+    assert sync.steps_per_min == pytest.approx(60 / (4 * 0.064 + T))  # they take turns
+    fast = simulate(Split(1, max_staleness=2), WORK, COSTS, fixed_items(0.064))
+    shared = simulate(Split(1, max_staleness=2), WORK, COSTS, fixed_items(0.064), machine=slow)
+    assert sync.steps_per_min < shared.steps_per_min < fast.steps_per_min

@@ -30,15 +30,16 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from rlvr.plan.measure import Measurements, measure
-from rlvr.plan.sim import Split, simulate
+from rlvr.plan.sim import CLUSTER, Machine, Split, simulate
 
 
 def predict(m: Measurements, split: Split, steps: int = 400, seeds: int = 3,
-            allreduce_s: float = 0.0) -> dict:
+            allreduce_s: float = 0.0, machine: Machine = CLUSTER,
+            skip_first: int | None = None) -> dict:
     """Mean over seeds of the simulated rates for `split`, driven by `m`."""
     costs = replace(m.learner, allreduce_s=allreduce_s)
-    runs = [simulate(split, m.workload, costs, m.generation, steps=steps, seed=s)
-            for s in range(seeds)]
+    runs = [simulate(split, m.workload, costs, m.generation, steps=steps, seed=s,
+                     skip_first=skip_first, machine=machine) for s in range(seeds)]
 
     def avg(name: str) -> float:
         return sum(getattr(r, name) for r in runs) / len(runs)
@@ -68,9 +69,9 @@ def overlap_bound_steps_per_min(m: Measurements, split: Split, allreduce_s: floa
 
 def plan(run_dir: str | Path, actors: list[int], ranks: list[int], staleness: list[int],
          steps: int = 400, seeds: int = 3, allreduce_s: float = 0.0,
-         gpus: int | None = None) -> dict:
+         gpus: int | None = None, machine: Machine = CLUSTER) -> dict:
     m = measure(run_dir)
-    rows = [predict(m, Split(a, r, s), steps, seeds, allreduce_s)
+    rows = [predict(m, Split(a, r, s), steps, seeds, allreduce_s, machine)
             for a, r, s in itertools.product(actors, ranks, staleness)]
     g, t = step_costs(m)
     return {"run_dir": str(run_dir), "measured": m.measured, "notes": m.notes,
@@ -81,7 +82,7 @@ def plan(run_dir: str | Path, actors: list[int], ranks: list[int], staleness: li
                       "responses_per_active": m.generation.responses_per_active},
             "run_split": {"actors": m.actors, "learner_ranks": m.learner_ranks,
                           "mode": m.mode, "max_staleness": m.max_staleness},
-            "rows": rows, "recommended": recommend(rows, gpus)}
+            "machine": asdict(machine), "rows": rows, "recommended": recommend(rows, gpus)}
 
 
 def recommend(rows: list[dict], gpus: int | None = None) -> dict[int, dict]:
@@ -127,6 +128,13 @@ def report(result: dict) -> str:
                     f"{_mode(r['max_staleness'])}: {r['steps_per_min']:.1f} steps/min"
                     for b, r in result["recommended"].items())
     notes = "".join(f"note: {n}\n" for n in result["notes"])
+    mach = result.get("machine") or {}
+    if mach.get("shared_cores") is not None:
+        notes += (f"machine: actors and learner ranks share {mach['shared_cores']:g} cores "
+                  f"(slowdown when computing beside another: actor "
+                  f"{mach['actor_slowdown']:.2f}, learner {mach['learner_slowdown']:.2f})\n")
+    else:
+        notes += "machine: every actor and learner rank on a device of its own (a cluster)\n"
     return f"{head}{notes}\n{table}\nrecommended split per GPU budget (one device per actor " \
            f"and per learner rank):\n{rec}\n"
 
@@ -147,9 +155,16 @@ def run(args) -> int:
     staleness = ints(args.max_staleness, "--max-staleness")
     if args.steps < 20 or args.seeds < 1:
         raise SystemExit("rlvr plan: --steps must be >= 20 and --seeds >= 1")
+    slow = [float(v) for v in args.slowdown.split(",")]
+    if len(slow) not in (1, 2) or min(slow) <= 0:
+        raise SystemExit(f"rlvr plan: --slowdown: one or two factors > 0 (actor[,learner]), "
+                         f"not {args.slowdown!r}")
+    if args.shared_cores is not None and args.shared_cores <= 0:
+        raise SystemExit("rlvr plan: --shared-cores must be > 0")
+    machine = Machine(args.shared_cores, slow[0], slow[-1])
     try:
         result = plan(args.run_dir, actors, ranks, staleness, args.steps, args.seeds,
-                      args.allreduce_s, args.gpus)
+                      args.allreduce_s, args.gpus, machine)
     except ValueError as e:
         print(f"rlvr plan: {e}", flush=True)
         return 2
@@ -172,5 +187,11 @@ def add_cli(sub) -> None:
     p.add_argument("--seeds", type=int, default=3, help="simulations per split (averaged)")
     p.add_argument("--allreduce-s", type=float, default=0.0,
                    help="gradient all-reduce seconds per update with > 1 learner rank")
+    p.add_argument("--shared-cores", type=float,
+                   help="model one machine whose cores actors and learner ranks share (default: "
+                        "a device each, as on a cluster)")
+    p.add_argument("--slowdown", default="1",
+                   help="with --shared-cores: actor[,learner] slowdown while another process "
+                        "computes (python -m rlvr.plan.contention RUN_DIR measures them)")
     p.add_argument("--out", help="folder for plan.json (default RUN_DIR/plan)")
     p.set_defaults(func=run)

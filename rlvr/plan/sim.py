@@ -18,8 +18,10 @@ The schedule it plays (README "How data flows"; ALGORITHMS.md 8.2):
     ranks share), and every `sync_every` steps publishes weights: every actor joins the
     broadcast after the work item it is in the middle of (an idle one at once), and the
     broadcast itself takes `broadcast_s` once all have joined;
-  - actors and learner run on devices of their own (nothing shared: a cluster). A machine where
-    they share cores is another model; rlvr/plan/report.py says where they differ.
+  - by default actors and learner ranks compute on devices of their own (a cluster); with a
+    `Machine(shared_cores=C, ...)` they share C cores: while k of them compute at once each
+    runs at min(1, C / k) of its speed, divided by the slowdown measured for its role when
+    another computes beside it (rlvr/plan/contention.py measures it on this machine).
 
 Steps/min and the busy fractions are over the steady window (steps after the first
 `skip_first`), as `rlvr bench throughput` measures a run (rlvr/bench/reduce.py).
@@ -33,7 +35,6 @@ Steps/min and the busy fractions are over the steady window (steps after the fir
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections import deque
 from collections.abc import Callable
@@ -127,31 +128,58 @@ class SimResult:
     step_s: list[float] = field(repr=False)
 
 
+@dataclass(frozen=True)
+class Machine:
+    """Where the processes compute. Default: each on a device of its own (a cluster)."""
+
+    shared_cores: float | None = None
+    """None = separate devices; a number = actors and learner ranks share this many cores."""
+    actor_slowdown: float = 1.0
+    """On a shared machine: how much slower an actor computes while another process computes
+    too, beyond the core count (memory bandwidth, caches, hyperthreads, other workloads)."""
+    learner_slowdown: float = 1.0
+    """The same for the learner."""
+
+    def speed(self, busy: int, learner: bool = False) -> float:
+        """Work-seconds per wall second of one of `busy` processes computing at once."""
+        if self.shared_cores is None or busy <= 1:
+            return 1.0
+        slowdown = self.learner_slowdown if learner else self.actor_slowdown
+        return min(1.0, self.shared_cores / busy) / slowdown
+
+
+CLUSTER = Machine()
+
+
 @dataclass
 class _Actor:
     queue: deque = field(default_factory=deque)  # prompts of each work item handed to it
-    busy_until: float | None = None  # None = idle
+    remaining: float | None = None  # work-seconds left of the item in progress; None = idle
     item: tuple | None = None  # (prompts, weights version, Item)
     version: int = 0  # policy version of its weights
     inflight: int = 0  # prompts handed to it and not yet back
     sync_pending: bool = False
-    joined_at: float | None = None  # in a broadcast since
-    busy_s: float = 0.0
+    joined: bool = False  # waiting in a weight broadcast
+    joined_at: float = 0.0
+    busy_s: float = 0.0  # wall seconds spent on items
 
 
 class _World:
-    """The actors and the learner's view of them (coordinator state)."""
+    """The actors, the learner's computing, and the learner's view of the actors (coordinator
+    state), advanced from one completion to the next. Every computing process progresses at
+    `machine.speed(number computing)` work-seconds per second."""
 
-    def __init__(self, split: Split, work: Workload, generation: Generation,
+    def __init__(self, split: Split, work: Workload, generation: Generation, machine: Machine,
                  rng: random.Random):
-        self.split, self.work, self.gen, self.rng = split, work, generation, rng
+        self.split, self.work, self.gen, self.machine, self.rng = split, work, generation, \
+            machine, rng
         self.actors = [_Actor() for _ in range(split.actors)]
-        self.events: list[tuple[float, int, int]] = []  # (time, seq, actor index)
-        self.seq = 0
+        self.learner_remaining: float | None = None  # work-seconds left of its compute
+        self.now = 0.0
         self.submitted = 0
         self.ready: deque = deque()  # groups: (weights version, train tokens)
 
-    def admit(self, now: float, version: int) -> None:
+    def admit(self, version: int) -> None:
         """coordinator.admit: work items while the bound allows, to the least loaded actor."""
         w, bound = self.work, self.split.max_staleness
         while True:
@@ -163,67 +191,91 @@ class _World:
                 return
             self.submitted += fresh
             i = min(range(len(self.actors)), key=lambda k: (self.actors[k].inflight, k))
-            actor = self.actors[i]
-            actor.inflight += fresh
-            actor.queue.append(fresh)
-            self._start_next(i, now)
+            self.actors[i].inflight += fresh
+            self.actors[i].queue.append(fresh)
+            self._start_next(self.actors[i])
 
-    def _start_next(self, i: int, now: float) -> None:
-        a = self.actors[i]
-        if a.busy_until is not None or a.joined_at is not None or a.sync_pending or not a.queue:
+    def _start_next(self, a: _Actor) -> None:
+        if a.remaining is not None or a.joined or a.sync_pending or not a.queue:
             return
         prompts = a.queue.popleft()
         item = self.gen(self.rng, prompts)
         a.item = (prompts, a.version, item)
-        a.busy_until = now + item.seconds
-        a.busy_s += item.seconds
-        self.seq += 1
-        heapq.heappush(self.events, (a.busy_until, self.seq, i))
+        a.remaining = item.seconds
 
-    def next_event_time(self) -> float | None:
-        return self.events[0][0] if self.events else None
+    def _computing(self) -> int:
+        learner = self.split.learner_ranks if self.learner_remaining is not None else 0
+        return learner + sum(a.remaining is not None for a in self.actors)
 
-    def step_event(self) -> float:
-        """Finish the earliest work item: its groups reach the learner; the actor joins a
-        pending broadcast or starts its next item. Returns the event's time."""
-        now, _, i = heapq.heappop(self.events)
-        a = self.actors[i]
+    def advance(self) -> bool:
+        """Run to the next completion and handle it; False when nothing is computing. Returns
+        True also when the learner's compute is what completed (learner_remaining is then
+        None)."""
+        busy = [a for a in self.actors if a.remaining is not None]
+        learning = self.learner_remaining is not None
+        if not busy and not learning:
+            return False
+        n = self._computing()
+        actor_speed, learner_speed = self.machine.speed(n), self.machine.speed(n, learner=True)
+        left = [a.remaining / actor_speed for a in busy]
+        if learning:
+            left.append(self.learner_remaining / learner_speed)
+        dt = max(0.0, min(left))
+        self.now += dt
+        done = None
+        for a in busy:
+            a.busy_s += dt
+            a.remaining -= dt * actor_speed
+            if done is None and a.remaining <= 1e-12:
+                done = a
+        if learning:
+            self.learner_remaining -= dt * learner_speed
+            if done is None and self.learner_remaining <= 1e-12:
+                self.learner_remaining = None
+                return True
+        if done is not None:
+            self._finish(done)
+        return True
+
+    def _finish(self, a: _Actor) -> None:
+        """A work item is done: its groups reach the learner; the actor joins a pending
+        broadcast or starts its next item."""
         prompts, version, item = a.item
         self.ready.extend((version, item.train_tokens[k] if k < len(item.train_tokens) else 0.0)
                           for k in range(prompts))
         a.inflight -= prompts
-        a.busy_until, a.item = None, None
+        a.remaining, a.item = None, None
         if a.sync_pending:
-            a.sync_pending, a.joined_at = False, now
+            a.sync_pending, a.joined, a.joined_at = False, True, self.now
         else:
-            self._start_next(i, now)
-        return now
+            self._start_next(a)
 
-    def run_until(self, t: float) -> None:
-        while self.events and self.events[0][0] <= t:
-            self.step_event()
+    def compute(self, seconds: float) -> None:
+        """The learner computes `seconds` of work while the actors go on."""
+        self.learner_remaining = seconds
+        while self.learner_remaining is not None and seconds > 0:
+            self.advance()
+        self.learner_remaining = None
 
-    def broadcast(self, now: float, version: int, broadcast_s: float) -> float:
-        """Publish `version`: every actor joins after its current item; returns the time the
-        broadcast ends (the learner waits for it)."""
+    def broadcast(self, version: int, broadcast_s: float) -> None:
+        """Publish `version`: every actor joins after its current item (an idle one at once);
+        the broadcast takes `broadcast_s` once all have joined, then they go on."""
         for a in self.actors:
-            if a.busy_until is None:
-                a.joined_at = now
+            if a.remaining is None:
+                a.joined, a.joined_at = True, self.now
             else:
                 a.sync_pending = True
-        while any(a.joined_at is None for a in self.actors):
-            self.step_event()
-        end = max([now] + [a.joined_at for a in self.actors]) + broadcast_s
+        while not all(a.joined for a in self.actors):
+            self.advance()
+        self.now += broadcast_s  # every actor is in the broadcast: nothing else computes
         for a in self.actors:
-            a.joined_at, a.version = None, version
-        self.run_until(end)  # nothing is busy: no events before `end`
-        for i in range(len(self.actors)):
-            self._start_next(i, end)
-        return end
+            a.joined, a.version = False, version
+            self._start_next(a)
 
 
 def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Generation,
-             steps: int = 200, seed: int = 0, skip_first: int | None = None) -> SimResult:
+             steps: int = 200, seed: int = 0, skip_first: int | None = None,
+             machine: Machine = CLUSTER) -> SimResult:
     """Play `steps` learner steps; rates over the steps after `skip_first` (default steps/10)."""
     if split.actors < 1 or split.learner_ranks < 1 or split.max_staleness < 0:
         raise ValueError(f"need actors >= 1, learner_ranks >= 1, max_staleness >= 0: {split}")
@@ -239,9 +291,9 @@ def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Gene
         raise ValueError("simulate at least 2 steps")
     skip = max(1, steps // 10) if skip_first is None else skip_first
     skip = min(skip, steps - 1)
-    world = _World(split, work, generation, random.Random(seed))
+    world = _World(split, work, generation, machine, random.Random(seed))
     need, bound = work.prompts_per_step, split.max_staleness
-    now, version = 0.0, 0
+    version = 0
     stale_hist = [0] * (bound + 2)
     dropped = 0
     step_s, gather_s, sync_s = [], [], []
@@ -249,12 +301,12 @@ def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Gene
     t_skip = 0.0
     for step in range(steps):
         if step == skip:
-            t_skip = now
-            busy_at_skip = [_busy_by(a, now) for a in world.actors]
-        t0 = now
+            t_skip = world.now
+            busy_at_skip = [a.busy_s for a in world.actors]
+        t0 = world.now
         taken: list[tuple[int, float]] = []
         while True:  # learner._gather
-            world.admit(now, version)
+            world.admit(version)
             while world.ready and len(taken) < need:
                 group = world.ready.popleft()
                 if version - group[0] > bound:  # consumption rule: drop, free the slot
@@ -264,24 +316,22 @@ def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Gene
                 taken.append(group)
             if len(taken) >= need:
                 break
-            if world.next_event_time() is None:
+            if not world.advance():
                 raise RuntimeError("simulation stalled: no work in flight and none admitted")
-            now = world.step_event()
-        gather_s.append(now - t0)
+        gather_s.append(world.now - t0)
         for v, _ in taken:
             stale_hist[min(version - v, bound + 1)] += 1
         train_tokens = sum(tok for _, tok in taken)
-        now += costs.fixed_s + costs.update(split.learner_ranks, train_tokens)
-        world.run_until(now)
+        world.compute(costs.fixed_s + costs.update(split.learner_ranks, train_tokens))
         version += 1
-        t_sync = now
+        t_sync = world.now
         if version % work.sync_every == 0 or step == steps - 1:
-            now = world.broadcast(now, version, costs.broadcast_s)
-        sync_s.append(now - t_sync)
-        step_s.append(now - t0)
+            world.broadcast(version, costs.broadcast_s)
+        sync_s.append(world.now - t_sync)
+        step_s.append(world.now - t0)
     window = step_s[skip:]
-    wall = now - t_skip
-    busy = sum(_busy_by(a, now) - b for a, b in zip(world.actors, busy_at_skip))
+    wall = world.now - t_skip
+    busy = sum(a.busy_s - b for a, b in zip(world.actors, busy_at_skip))
     total = sum(stale_hist)
     return SimResult(
         steps_per_min=60.0 * len(window) / wall if wall > 0 else float("inf"),
@@ -292,10 +342,3 @@ def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Gene
         stale_mean=sum(k * n for k, n in enumerate(stale_hist)) / total if total else 0.0,
         stale_max=max((k for k, n in enumerate(stale_hist) if n), default=0),
         stale_hist=stale_hist, dropped_groups=dropped, step_s=step_s)
-
-
-def _busy_by(actor: _Actor, t: float) -> float:
-    """Actor-seconds of work done by time t (an item in progress counts up to t)."""
-    if actor.busy_until is not None and actor.busy_until > t:
-        return actor.busy_s - (actor.busy_until - t)
-    return actor.busy_s
