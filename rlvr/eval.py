@@ -113,6 +113,7 @@ def make_sampler(engine: str, model_dir: Path, cfg):
 
             from tasks.sampling import HFSampler
 
+            torch.set_num_threads(cfg.actors.threads)  # as the run samples (an actor's threads)
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(
                 torch, cfg.model.dtype)).to(cfg.model.device)
             return HFSampler(model, cfg.actors.max_batch)
