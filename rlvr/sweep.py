@@ -1,6 +1,6 @@
 """`rlvr sweep`: every combination of a few config values, each an ordinary run, and one table.
 
-    rlvr sweep configs/tiny-cpu.yaml max_staleness=0,1,2,4 ar3po.stage_sizes=[2,2],[4,4] \\
+    rlvr sweep configs/tiny-cpu.yaml max_staleness=0,1,2,4 'ar3po.stage_sizes=[2,2],[4,4]' \\
                [run.steps=100 ...] [--seeds K] [--out DIR]
     rlvr sweep CONFIG key=v1,v2 ... --slurm --nodes 2 [--actors-per-node A] [--time T] [--wait]
     rlvr sweep --status [--out DIR]
