@@ -4,6 +4,7 @@
     rlvr bench throughput CONFIG [--modes sync,async_s2,...] [--skip-first S]
     rlvr bench weights [CONFIG] [--big-mb 64,256] [--rounds 5] [--receivers N]
     rlvr bench transport [CONFIG] [--messages 2000] [--step-s S]
+    rlvr bench plan CONFIG [--staleness 0,1,2,4]     the planner's predictions against real runs
 each with [--steps N] [--out DIR (default runs/bench/<kind>)] [a.b=value ...], and
     rlvr bench memory [--tokens 1024,4096,8192] [--seq-len 1024] [--vocab 151936] [--chunk-mb M]
                       [--out DIR]   (one micro-batch of a model it builds: no config, no run).
@@ -55,6 +56,11 @@ def bench(args) -> int:
 
                 memory.run(out, [int(t) for t in _names(args.tokens)], args.seq_len, args.vocab,
                            args.hidden, args.layers, args.chunk_mb)
+            case "plan":
+                from rlvr.bench import plan
+
+                plan.run(args.config, out, overrides, args.steps,
+                         tuple(int(s) for s in _names(args.staleness)))
     except BenchError as e:
         print(f"rlvr bench: {e}", file=sys.stderr)
         return 1
@@ -79,6 +85,9 @@ def _check_bench_args(args) -> None:
         unknown = [m for m in _names(args.modes) if m not in MODES]
         if unknown or not _names(args.modes):
             refuse(f"--modes: unknown {unknown}; choose from {list(MODES)}")
+    if args.kind == "plan":
+        if not all(s.isdigit() for s in _names(args.staleness)) or not _names(args.staleness):
+            refuse(f"--staleness: bounds >= 0, comma-separated, not {args.staleness!r}")
     if args.kind == "weights":
         if args.rounds < 1:
             refuse("--rounds must be >= 1")
@@ -108,14 +117,15 @@ def add_cli(sub) -> None:
     from rlvr.bench.efficiency import ALGORITHMS as BENCHED
     from rlvr.bench.throughput import MODES
 
-    b = sub.add_parser("bench",
-                       help="benchmarks: efficiency, throughput, weights, transport, memory")
+    b = sub.add_parser("bench", help="benchmarks: efficiency, throughput, weights, transport, "
+                                     "memory, plan")
     kinds = b.add_subparsers(dest="kind", required=True)
     for kind, needs_config, what in [
             ("efficiency", True, "responses generated and accuracy per algorithm"),
             ("throughput", True, "sync vs async vs staged steps/min and the overlap bound"),
             ("weights", False, "weight broadcast bandwidth vs a memory copy"),
-            ("transport", False, "ZeroMQ + codec messages/s and their share of a step")]:
+            ("transport", False, "ZeroMQ + codec messages/s and their share of a step"),
+            ("plan", True, "rlvr plan's predicted steps/min against measured runs")]:
         k = kinds.add_parser(kind, help=what)
         k.add_argument("config", nargs=None if needs_config else "?",
                        help="YAML config, e.g. configs/tiny-cpu.yaml")
@@ -138,6 +148,10 @@ def add_cli(sub) -> None:
                    help="flat buffer sizes in MB, comma-separated (0 or empty: model only)")
     w.add_argument("--rounds", type=int, default=5, help="broadcasts per payload (first = warm-up)")
     w.add_argument("--receivers", type=int, help="receiver processes (default actors.count)")
+    p = kinds.choices["plan"]
+    p.add_argument("--staleness", default="0,1,2,4",
+                   help="async runs' max_staleness values, comma-separated (the sync run is "
+                        "always trained: it is the measurement)")
     x = kinds.choices["transport"]
     x.add_argument("--messages", type=int, default=2000, help="Group messages to send")
     x.add_argument("--step-s", type=float,
