@@ -222,7 +222,8 @@ class ActorsConfig:
     heartbeat_timeout_s: float = 30.0
     """An actor silent this long (no heartbeat, no group) is taken for dead: its in-flight
     prompts are handed out again and the weight group is formed anew without it. Must exceed
-    the time of one work item (the actor does not beat while generating)."""
+    the time of one work item (the actor does not beat while generating; the learner warns,
+    naming this key, when an item takes over half of it)."""
     max_restarts: int = 3
     """`rlvr train` restarts a crashed actor process this many times in all, then stops the run
     (on SLURM the run goes on with the other actors)."""
