@@ -35,7 +35,8 @@ def engine_kwargs(cfg: Config) -> dict:
     if cfg.actors.engine == "hf":
         return dict(device=cfg.model.device, dtype=cfg.model.dtype, max_batch=cfg.actors.max_batch)
     a = cfg.actors
-    return dict(dtype=cfg.model.dtype, gpu_memory_utilization=a.gpu_memory_utilization,
+    return dict(device=cfg.model.device, dtype=cfg.model.dtype,
+                gpu_memory_utilization=a.gpu_memory_utilization, kv_cache_gib=a.kv_cache_gib,
                 enable_prefix_caching=a.enable_prefix_caching, max_model_len=a.max_model_len,
                 enforce_eager=a.enforce_eager, seed=cfg.run.seed)
 
@@ -135,3 +136,4 @@ def run_actor(cfg: Config, actor_id: int) -> int:
         weights.leave()
         verifier.close()
         endpoint.close()
+        engine.close()
