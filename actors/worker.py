@@ -66,9 +66,13 @@ class WeightMembership:
                                                 store=self.store)
                 self.epoch = msg.group_epoch
             self.version = None  # from here on a failure leaves half-written weights
+            t0 = time.perf_counter()
             self.group.receive(self.engine.weight_targets(), c.weight_sync.bucket_mb << 20)
+            t1 = time.perf_counter()
             self.engine.commit_weights()
             self.version = msg.policy_version
+            log.info("weights v%d live: receive %.3f s, commit %.3f s", msg.policy_version,
+                     t1 - t0, time.perf_counter() - t1)  # read by `rlvr bench realshape`
             return True
         except WeightSyncError as e:
             log.warning("weight sync of version %d (epoch %d) failed: %s", msg.policy_version,

@@ -211,7 +211,7 @@ class ActorsConfig:
     kv_cache_gib: float | None = None
     """vLLM: KV cache size in GiB; null = what gpu_memory_utilization leaves after the weights.
     Required on CPU, where vLLM would otherwise reserve gpu_memory_utilization of all RAM per
-    actor (1 GiB holds 262k tokens of the tiny model, about 90k of a 0.5B Qwen2 in bf16)."""
+    actor (1 GiB holds 262k tokens of the tiny model in float32, 87k of a 0.5B Qwen2 in bf16)."""
     enable_prefix_caching: bool = True
     """vLLM: share the KV cache of common prompt prefixes (a prompt's n samples, AR3PO stages)."""
     max_model_len: int | None = None

@@ -102,7 +102,7 @@ def parser() -> argparse.ArgumentParser:
 
     from rlvr.bench.cli import add_cli as add_bench_cli
 
-    add_bench_cli(sub)  # rlvr bench efficiency|throughput|weights|transport
+    add_bench_cli(sub)  # rlvr bench efficiency|throughput|weights|transport|generation|realshape
     return ap
 
 

@@ -14,14 +14,15 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from actors.engines import Completion, make_engine
 from vllm.logprobs import Logprob
 
+from actors.engines import Completion, make_engine
 from actors.engines.vllm import (GiB, VLLMEngine, allocate_staging, build_requests,
                                  completion_from_output, engine_kwargs, reload_pairs,
                                  staging_specs)
 from tasks.tiny_model import build_tiny
 from protocol.weights import WeightGroup
+from tests.conftest import TINY
 
 EOS = 1
 
@@ -200,3 +201,23 @@ def test_without_vllm_the_engine_says_how_to_install_it(tiny, monkeypatch):
         VLLMEngine(str(tiny), device="cpu")
     with pytest.raises(ImportError, match="vLLM is not installed"):
         make_engine("vllm", str(tiny), device="cpu")
+
+
+# -- config ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overrides, key", [
+    (["actors.engine=vllm"], "actors.kv_cache_gib is required"),  # on CPU: half of all RAM else
+    (["actors.kv_cache_gib=0"], "actors.kv_cache_gib must be > 0"),
+    (["actors.gpu_memory_utilization=1.5"], "actors.gpu_memory_utilization"),
+    (["actors.max_model_len=8", "rollout.max_new_tokens=8"], "actors.max_model_len"),
+])
+def test_vllm_settings_that_cannot_work_are_refused_naming_the_key(overrides, key):
+    from protocol.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match=key):
+        load_config(TINY, overrides)
+
+
+def test_vllm_on_cpu_with_a_kv_cache_size_is_accepted():
+    from protocol.config import load_config
+    cfg = load_config(TINY, ["actors.engine=vllm", "actors.kv_cache_gib=1"])
+    assert cfg.actors.kv_cache_gib == 1
