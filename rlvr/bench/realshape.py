@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -37,7 +39,10 @@ def run(config: str | None, out_dir: Path, overrides: list[str], steps: int | No
 
     config = config or CONFIG
     cache = load_config(config, overrides).warm_start.cache_dir
-    model = ensure_real_shape(Path(cache), log=lambda line: print(line, flush=True))
+    # built in a child process, so this launcher's peak memory is the launcher's own
+    subprocess.run([sys.executable, "-c", "import sys; from rlvr.real_shape import "
+                    "ensure_real_shape; ensure_real_shape(sys.argv[1])", str(cache)], check=True)
+    model = ensure_real_shape(Path(cache))  # built: returns the path
     run_dir = out_dir / "runs" / "realshape"
     peaks = PeakMemory(run_dir)
     peaks.start()
