@@ -108,7 +108,7 @@ def parser() -> argparse.ArgumentParser:
 
     from rlvr.bench.cli import add_cli as add_bench_cli
 
-    add_bench_cli(sub)  # rlvr bench efficiency|throughput|weights|transport|plan
+    add_bench_cli(sub)  # rlvr bench efficiency|throughput|weights|transport|memory|plan|generation|realshape
 
     from rlvr.plan.report import add_cli as add_plan_cli
     from rlvr.sweep import add_cli as add_sweep_cli

