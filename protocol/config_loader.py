@@ -195,6 +195,11 @@ def _convert(tp: Any, value: Any, key: str, all_keys: list[str]) -> Any:
     if origin is Literal:
         if any(value == a and type(value) is type(a) for a in args):
             return value
+        if isinstance(value, bool):  # YAML 1.1 reads an unquoted off/no as False, on/yes as True
+            words = ("on", "yes", "true") if value else ("off", "no", "false")
+            spelled = [a for a in args if isinstance(a, str) and a in words]
+            if len(spelled) == 1:
+                return spelled[0]
         choices = ", ".join(repr(a) for a in args)
         raise ConfigError(f"'{key}' must be one of {choices}; got {_show(value)}")
     if dataclasses.is_dataclass(tp):

@@ -4,6 +4,12 @@
     rlvr train --resume runs/NAME                     continue a run from its last checkpoint
     rlvr train CONFIG --describe                      every config key with its type and doc
     rlvr compare runs/A runs/B [--out DIR]            tables and PNG plots from run folders
+    rlvr sweep CONFIG key=v1,v2 [key=...] [--seeds K] [--slurm --nodes N ...] [--wait] [--out DIR]
+    rlvr sweep --status [--out DIR]                   which runs of a sweep are done
+    rlvr eval RUN_DIR|MODEL_DIR [--config C] [--samples K] [--engine hf|vllm] [--step N]
+                                                      held-out avg@k, pass@k, greedy per level
+    rlvr plan RUN_DIR [--actors 1,2,4] [--learner-ranks 1,2] [--max-staleness 0,1,2,4] [--gpus N]
+                                                      predicted steps/min of cluster splits
     rlvr plot runs/NAME                               (re)draw a run's PNG plots
     rlvr slurm submit CONFIG [a.b=value ...] --nodes N [--actors-per-node A] [--hetjob] [--dry-run]
     rlvr slurm status JOBID                           job state and progress from the run folder
@@ -35,7 +41,7 @@ def _train(args) -> int:
 
 
 def _compare(args) -> int:
-    from learner.plots import compare_runs
+    from rlvr.compare import compare_runs
 
     table, pngs = compare_runs(args.runs, args.out)
     print(table)
@@ -102,7 +108,16 @@ def parser() -> argparse.ArgumentParser:
 
     from rlvr.bench.cli import add_cli as add_bench_cli
 
-    add_bench_cli(sub)  # rlvr bench efficiency|throughput|weights|transport
+    add_bench_cli(sub)  # rlvr bench efficiency|throughput|weights|transport|memory|plan|generation|realshape
+
+    from rlvr.plan.report import add_cli as add_plan_cli
+    from rlvr.sweep import add_cli as add_sweep_cli
+
+    add_plan_cli(sub)  # rlvr plan RUN_DIR
+    from rlvr.eval import add_cli as add_eval_cli
+
+    add_eval_cli(sub)  # rlvr eval RUN_DIR|MODEL_DIR
+    add_sweep_cli(sub)  # rlvr sweep CONFIG key=v1,v2 ... [--slurm ...] | --status
     return ap
 
 

@@ -217,7 +217,7 @@ def _handover_actor(port: int, cfg_dir: str, device: str, rounds: list, queue) -
     from actors.engines.vllm import allocate_staging, staging_specs
     from protocol.weights import WeightGroup
     try:
-        staging = allocate_staging(staging_specs(cfg_dir), torch.bfloat16, device)
+        staging = allocate_staging(staging_specs(cfg_dir)[0], torch.bfloat16, device)
         times = []
         with WeightGroup.create("127.0.0.1", port, 1, 2, timeout_s=60) as group:
             for bucket_bytes in rounds:
@@ -309,7 +309,8 @@ def async_train(res, save, workdir: Path, device: str, dry_run: bool) -> None:
 
 def vllm_engine(res, save, workdir: Path, device: str, dry_run: bool) -> None:
     if importlib.util.find_spec("vllm") is None:
-        res["skipped"] = "vllm is not installed (its wheel is larger than a device run can carry)"
+        res["skipped"] = ("vllm is not installed: `make install` installs it where the package "
+                          "index is reachable; its wheel is larger than a device run can carry")
         return
     import torch
     from transformers import AutoModelForCausalLM
@@ -318,13 +319,14 @@ def vllm_engine(res, save, workdir: Path, device: str, dry_run: bool) -> None:
 
     tiny = build_tiny(workdir / "tiny_vllm")
     engine = VLLMEngine(str(tiny), device=device, gpu_memory_utilization=0.3, max_model_len=256,
-                        enforce_eager=True)
-    prompts = [[5 + (7 * i + j) % 90 for j in range(12)] for i in range(64)]
+                        enforce_eager=True, kv_cache_gib=1 if device == "cpu" else None)
+    prompts = [[5 + (7 * i + j) % 90 for j in range(12)] for i in range(8 if dry_run else 64)]
+    new_tokens = 16 if dry_run else 48
 
     def gap_to(model, temperature=0.7):
         """Largest |vLLM log-prob - HF log-prob| of the sampled tokens, at this temperature."""
         t0 = time.perf_counter()
-        out = engine.generate(prompts, [8] * len(prompts), 48, temperature=temperature)
+        out = engine.generate(prompts, [8] * len(prompts), new_tokens, temperature=temperature)
         dt = time.perf_counter() - t0
         gap = 0.0
         with torch.no_grad():

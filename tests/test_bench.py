@@ -74,6 +74,27 @@ def test_throughput_compares_schedules_against_the_overlap_bound(tiny_model, tmp
 
 
 @pytest.mark.slow
+def test_plan_predicts_real_runs_from_the_sync_runs_measurements(tiny_model, tmp_path):
+    out = tmp_path / "plan"
+    r = bench("plan", out, str(TINY), "--steps", "8", "--staleness", "1",
+              f"model.path={tiny_model}", *SMALL)
+    assert set(r["modes"]) == {"sync", "async_s1"}
+    for mode, m in r["modes"].items():
+        for pred in (m["predicted"], m["predicted_cluster"]):
+            assert finite(pred["steps_per_min"]) and pred["steps_per_min"] > 0, mode
+        assert finite(m["measured"]["steps_per_min"]) and finite(m["error"]), mode
+    assert r["modes"]["sync"]["predicted"]["stale_max"] == 0
+    assert r["contention"]["actor_slowdown"] > 0 and r["contention"]["learner_slowdown"] > 0
+    assert r["costs"]["items"] >= 5 and r["costs"]["item_s"] > 0
+    assert_targets_block(r)
+    # the planner's own command on the measurement run: a table and a recommendation
+    done = run_rlvr("plan", r["measurement_run"], "--actors", "1,2", "--learner-ranks", "1",
+                    "--max-staleness", "0,1", "--steps", "40", "--seeds", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "recommended split per GPU budget" in done.stdout
+
+
+@pytest.mark.slow
 def test_weights_broadcast_and_memory_copy_bandwidths(tmp_path):
     r = bench("weights", tmp_path / "weights", str(TINY), "--big-mb", "8", "--rounds", "3")
     for name in ("model", "flat_8mb"):

@@ -326,3 +326,16 @@ def test_dump_of_load_round_trips_for_any_valid_config(data):
         dump(cfg, resolved)
         again = load(Config, resolved)
     assert again == cfg and to_dict(again) == to_dict(cfg)
+
+
+def test_an_unquoted_off_is_the_choice_off_where_a_choice_is_spelled_so(tmp_path):
+    # YAML 1.1 reads `off` as False: `ar3po.reuse_mode=off` and `reuse_mode: off` mean 'off'
+    from protocol.config import Config, load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("algorithm: ar3po\nar3po:\n  reuse_mode: off\n")
+    assert load_config(path).ar3po.reuse_mode == "off"
+    assert load_config(path, ["mugrpo.veto_scope=off", "ar3po.reuse_mode=off"]).mugrpo.veto_scope \
+        == "off"
+    with pytest.raises(ConfigError, match="'mode' must be one of"):  # no 'off' there: refused
+        build(Config, {}, ["mode=off"])

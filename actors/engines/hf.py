@@ -177,6 +177,9 @@ class HFEngine:
         """n[i] completions of prompts[i], run to the end (benchmarks, smoke checks)."""
         return generate_all(self, prompts, n, max_new_tokens, temperature, top_p)
 
+    def close(self) -> None:
+        pass  # nothing beyond memory
+
 
 def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor,
                   top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

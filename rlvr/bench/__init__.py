@@ -4,6 +4,7 @@
     rlvr bench throughput CONFIG               sync vs async vs staged steps/min, overlap bound
     rlvr bench weights [CONFIG]                weight broadcast vs memory copy bandwidth
     rlvr bench transport [CONFIG]              ZeroMQ + codec messages/s, share of a learner step
+    rlvr bench plan CONFIG                     `rlvr plan`'s predictions against measured runs
 
 Each writes `<out>/results.json` (with a `targets` block: met or not, with the numbers) and PNG
 plots where there are curves (`plots.py`), and prints its tables. The arithmetic is in

@@ -4,6 +4,10 @@
     rlvr bench throughput CONFIG [--modes sync,async_s2,...] [--skip-first S]
     rlvr bench weights [CONFIG] [--big-mb 64,256] [--rounds 5] [--receivers N]
     rlvr bench transport [CONFIG] [--messages 2000] [--step-s S]
+    rlvr bench plan CONFIG [--staleness 0,1,2,4]     the planner's predictions against real runs
+    rlvr bench generation [CONFIG] [--models tiny,real-shape] [--engines hf,vllm] [--prompts P]
+                          [--samples N] [--tokens T] [--rounds R]
+    rlvr bench realshape [CONFIG (default configs/real-shape-cpu.yaml)]
 each with [--steps N] [--out DIR (default runs/bench/<kind>)] [a.b=value ...], and
     rlvr bench memory [--tokens 1024,4096,8192] [--seq-len 1024] [--vocab 151936] [--chunk-mb M]
                       [--out DIR]   (one micro-batch of a model it builds: no config, no run).
@@ -55,6 +59,21 @@ def bench(args) -> int:
 
                 memory.run(out, [int(t) for t in _names(args.tokens)], args.seq_len, args.vocab,
                            args.hidden, args.layers, args.chunk_mb)
+            case "plan":
+                from rlvr.bench import plan
+
+                plan.run(args.config, out, overrides, args.steps,
+                         tuple(int(s) for s in _names(args.staleness)))
+            case "generation":
+                from rlvr.bench import generation
+
+                generation.run(args.config, out, _with_steps(overrides, args.steps),
+                               _names(args.models), _names(args.engines), args.prompts,
+                               args.samples, args.tokens, args.rounds)
+            case "realshape":
+                from rlvr.bench import realshape
+
+                realshape.run(args.config, out, overrides, args.steps)
     except BenchError as e:
         print(f"rlvr bench: {e}", file=sys.stderr)
         return 1
@@ -81,6 +100,20 @@ def _check_bench_args(args) -> None:
         unknown = [m for m in _names(args.modes) if m not in MODES]
         if unknown or not _names(args.modes):
             refuse(f"--modes: unknown {unknown}; choose from {list(MODES)}")
+    if args.kind == "plan":
+        if not all(s.isdigit() for s in _names(args.staleness)) or not _names(args.staleness):
+            refuse(f"--staleness: bounds >= 0, comma-separated, not {args.staleness!r}")
+    if args.kind == "generation":
+        from rlvr.bench.generation import ENGINES, MODELS
+
+        for flag, given, known in [("--models", args.models, MODELS),
+                                   ("--engines", args.engines, ENGINES)]:
+            unknown = [n for n in _names(given) if n not in known]
+            if unknown or not _names(given):
+                refuse(f"{flag}: unknown {unknown}; choose from {list(known)}")
+        for flag in ("prompts", "samples", "tokens", "rounds"):
+            if getattr(args, flag) < 1:
+                refuse(f"--{flag} must be >= 1")
     if args.kind == "weights":
         if args.rounds < 1:
             refuse("--rounds must be >= 1")
@@ -105,19 +138,23 @@ def _with_steps(overrides: list[str], steps: int | None) -> list[str]:
 
 
 def add_cli(sub) -> None:
-    """Add `bench` and its five kinds to the `rlvr` subcommands."""
+    """Add `bench` and its kinds to the `rlvr` subcommands."""
     from learner.logprobs import CHUNK_LOGITS_BYTES
     from rlvr.bench.efficiency import ALGORITHMS as BENCHED
     from rlvr.bench.throughput import DEFAULT_MODES, MODES
 
-    b = sub.add_parser("bench",
-                       help="benchmarks: efficiency, throughput, weights, transport, memory")
+    b = sub.add_parser("bench", help="benchmarks: efficiency, throughput, weights, transport, "
+                                     "memory, plan, generation, realshape")
     kinds = b.add_subparsers(dest="kind", required=True)
     for kind, needs_config, what in [
             ("efficiency", True, "responses generated and accuracy per algorithm"),
             ("throughput", True, "sync vs async vs staged steps/min and the overlap bound"),
             ("weights", False, "weight broadcast bandwidth vs a memory copy"),
-            ("transport", False, "ZeroMQ + codec messages/s and their share of a step")]:
+            ("transport", False, "ZeroMQ + codec messages/s and their share of a step"),
+            ("plan", True, "rlvr plan's predicted steps/min against measured runs"),
+            ("generation", False, "HF vs vLLM generation tokens/s and weight update time"),
+            ("realshape", False, "a few RL steps of a Qwen2.5-0.5B-shaped model: step and "
+                                 "sync time, peak memory per process")]:
         k = kinds.add_parser(kind, help=what)
         k.add_argument("config", nargs=None if needs_config else "?",
                        help="YAML config, e.g. configs/tiny-cpu.yaml")
@@ -141,6 +178,17 @@ def add_cli(sub) -> None:
                    help="flat buffer sizes in MB, comma-separated (0 or empty: model only)")
     w.add_argument("--rounds", type=int, default=5, help="broadcasts per payload (first = warm-up)")
     w.add_argument("--receivers", type=int, help="receiver processes (default actors.count)")
+    p = kinds.choices["plan"]
+    p.add_argument("--staleness", default="0,1,2,4",
+                   help="async runs' max_staleness values, comma-separated (the sync run is "
+                        "always trained: it is the measurement)")
+    g = kinds.choices["generation"]
+    g.add_argument("--models", default="tiny,real-shape", help="comma-separated: tiny, real-shape")
+    g.add_argument("--engines", default="hf,vllm", help="comma-separated: hf, vllm")
+    g.add_argument("--prompts", type=int, default=32, help="prompts per generate call")
+    g.add_argument("--samples", type=int, default=8, help="responses per prompt")
+    g.add_argument("--tokens", type=int, default=32, help="max new tokens per response")
+    g.add_argument("--rounds", type=int, default=3, help="timed calls (after one warm-up)")
     x = kinds.choices["transport"]
     x.add_argument("--messages", type=int, default=2000, help="Group messages to send")
     x.add_argument("--step-s", type=float,

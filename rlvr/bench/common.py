@@ -49,11 +49,13 @@ def shared_model(cfg) -> list[str]:
     return [f"model.path={ensure_warm_start(cfg, lambda line: print(line, flush=True))}"]
 
 
-def train_run(config: str, out_dir: Path, name: str, overrides: list[str]) -> tuple[Path, dict]:
+def train_run(config: str, out_dir: Path, name: str, overrides: list[str],
+              tag: str = "bench") -> tuple[Path, dict]:
     """Train (or reuse) run `name` under `out_dir/runs/`; returns its folder and how the launch
     went: seconds (process start-up and any warm start included) and the machine's 1-minute
     load average before and after (another workload on the cores skews every timing); a reused
-    run's are those of its launch, with "reused": True."""
+    run's are those of its launch, with "reused": True. `tag` starts its messages (the
+    benches', `rlvr sweep`'s)."""
     from rlvr.launch import train
     from protocol.config import load_config
 
@@ -64,16 +66,16 @@ def train_run(config: str, out_dir: Path, name: str, overrides: list[str]) -> tu
     if run_dir.exists():
         if not _same_args(run_dir, args):
             raise BenchError(f"{run_dir} holds a run with other arguments (or none of this "
-                             "bench's): remove it, or choose another --out")
-        if _finished(run_dir, steps):
-            print(f"bench: reusing finished run {run_dir}", flush=True)
-            return run_dir, {"reused": True, **_read_json(run_dir / LAUNCH_FILE)}
-        print(f"bench: {run_dir} is an interrupted run of this bench: starting it again",
+                             f"{tag}'s): remove it, or choose another --out")
+        if finished(run_dir, steps):
+            print(f"{tag}: reusing finished run {run_dir}", flush=True)
+            return run_dir, {"reused": True, **read_json(run_dir / LAUNCH_FILE)}
+        print(f"{tag}: {run_dir} is an interrupted run of this {tag}: starting it again",
               flush=True)
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     write_json_atomic(run_dir / ARGS_FILE, args)
-    print(f"bench: training {name} ({' '.join(overrides)})", flush=True)
+    print(f"{tag}: training {name} ({' '.join(overrides)})", flush=True)
     t0, load_before = time.time(), _load_avg()
     code = train(str(config), [*overrides, f"run.out_dir={runs}", f"run.name={name}", *RUN_FIXED],
                  None, False)
@@ -85,7 +87,7 @@ def train_run(config: str, out_dir: Path, name: str, overrides: list[str]) -> tu
     return run_dir, launch
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -100,10 +102,10 @@ def _load_avg() -> float | None:
 
 
 def _same_args(run_dir: Path, args: dict) -> bool:
-    return _read_json(run_dir / ARGS_FILE) == args
+    return read_json(run_dir / ARGS_FILE) == args
 
 
-def _finished(run_dir: Path, steps: int) -> bool:
+def finished(run_dir: Path, steps: int) -> bool:
     rows = read_metrics(run_dir)
     return (run_dir / "summary.json").exists() and bool(rows) and rows[-1].get("step") == steps
 

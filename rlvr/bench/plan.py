@@ -1,0 +1,134 @@
+"""`rlvr bench plan`: does the planner predict this machine's measured steps/min?
+
+    rlvr bench plan configs/tiny-cpu.yaml [--steps 100] [--staleness 0,1,2,4] [--out DIR]
+
+Trains the config once in `mode=sync` (the measurement run) and once in `mode=async` at each
+`--staleness` bound (same steps, evaluation only after the last step, as `rlvr bench throughput`
+does; finished runs are reused), then asks the planner (rlvr/plan/) to predict every one of them
+from the sync run's measurements alone: `measure` (work items, lengths, learner update and
+broadcast times) and `simulate` with the runs' own split (actors.count actors, learner.ranks
+ranks). Reported per run: measured steps/min and three predictions with their errors:
+  - this machine: the simulator with actor and learner sharing this machine's cores, each
+    slowed while the other computes by the factor rlvr/plan/contention.py measures here (two
+    real processes running the run's generation and update, alone and together);
+  - cluster: the same simulation with a device per process (what `rlvr plan` assumes);
+  - the max(G / A, T) overlap bound (a hand calculation from G and T);
+and the busy fractions, weight-sync seconds per step and staleness reached, measured / predicted.
+Target: every "this machine" prediction within 10%; the cluster model's errors are listed as
+targets too, for comparison (on an idle machine they show what ignoring the sharing costs).
+
+In a sync run actor and learner take turns, so it measures each alone; in async they compute at
+once, which on a shared machine costs what the contention probe measures and on a cluster costs
+nothing. Run it on an idle machine: another workload changes the slowdown between the probe and
+the runs (`results.json` keeps each run's load average).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rlvr.bench.common import (machine, markdown_table, run_overrides, targets_table, train_run,
+                               write_results)
+from rlvr.bench.reduce import run_throughput, target
+from learner.run_log import read_metrics
+
+TOLERANCE = 0.10
+
+
+def run(config: str, out_dir: Path, overrides: list[str], steps: int | None,
+        staleness: tuple[int, ...] = (0, 1, 2, 4), sim_seeds: int = 5) -> dict:
+    from protocol.config import load_config
+    from rlvr.plan.contention import measure_slowdown
+    from rlvr.plan.measure import measure
+    from rlvr.plan.report import overlap_bound_steps_per_min, predict
+    from rlvr.plan.sim import Machine, Split
+
+    cfg = load_config(config, run_overrides(overrides, steps, []))
+    skip = max(1, cfg.run.steps // 10)
+    base = [f"run.eval_every={cfg.run.steps}", *overrides]
+    variants = {"sync": ["mode=sync"]}
+    variants.update({f"async_s{s}": ["mode=async", f"max_staleness={s}"] for s in staleness})
+    runs, launches = {}, {}
+    for name, variant in variants.items():
+        runs[name], launches[name] = train_run(config, out_dir, name,
+                                               run_overrides(base, steps, variant))
+    m = measure(runs["sync"], skip_first=skip)
+    print("bench: measuring how actor and learner slow each other on this machine", flush=True)
+    contention = measure_slowdown(runs["sync"])
+    shared = Machine(shared_cores=float(os.cpu_count() or 1),
+                     actor_slowdown=contention["actor_slowdown"],
+                     learner_slowdown=contention["learner_slowdown"])
+    rows = {}
+    for name, run_dir in runs.items():
+        got = run_throughput(read_metrics(run_dir), cfg.actors.count, skip)
+        s = 0 if name == "sync" else int(name.split("_s")[1])
+        split = Split(cfg.actors.count, cfg.learner.ranks, s)
+        here = predict(m, split, steps=cfg.run.steps, seeds=sim_seeds, machine=shared,
+                       skip_first=skip)
+        cluster = predict(m, split, steps=cfg.run.steps, seeds=sim_seeds, skip_first=skip)
+        bound = overlap_bound_steps_per_min(m, split)
+        rows[name] = {"measured": got, "predicted": here, "predicted_cluster": cluster,
+                      "bound_steps_per_min": bound,
+                      "error": _err(here["steps_per_min"], got["steps_per_min"]),
+                      "cluster_error": _err(cluster["steps_per_min"], got["steps_per_min"]),
+                      "bound_error": _err(bound, got["steps_per_min"])}
+    results = {
+        "bench": "plan", "config": str(config), "overrides": overrides, "steps": cfg.run.steps,
+        "skip_first_steps": skip, "actors": cfg.actors.count, "learner_ranks": cfg.learner.ranks,
+        "measurement_run": str(runs["sync"]), "notes": m.notes,
+        "contention": contention, "shared_machine": vars(shared),
+        "costs": {"item_s": m.item_s_mean, "items": m.items, "learner": vars(m.learner),
+                  "generation_scale": m.generation.scale, "gap_s": m.generation.gap_s},
+        "runs": {n: str(d) for n, d in runs.items()}, "launches": launches,
+        "modes": rows, "machine": machine(),
+        "targets": {**{f"{name}_within_10pct": target(
+            f"{name}: |predicted (this machine) - measured| / measured steps/min <= {TOLERANCE}",
+            abs(r["error"]) if r["error"] is not None else None, "<=", TOLERANCE)
+            for name, r in rows.items()},
+            **{f"{name}_cluster_model_within_10pct": target(  # for comparison: no contention
+                f"{name}: |predicted (cluster) - measured| / measured steps/min <= {TOLERANCE}",
+                abs(r["cluster_error"]) if r["cluster_error"] is not None else None, "<=",
+                TOLERANCE) for name, r in rows.items()}},
+    }
+    write_results(out_dir, results)
+    print(report(results))
+    print(f"results: {out_dir / 'results.json'}")
+    return results
+
+
+def _err(predicted, measured):
+    if predicted is None or not measured:
+        return None
+    return (predicted - measured) / measured
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
+
+
+def report(results: dict) -> str:
+    rows = []
+    for name, r in results["modes"].items():
+        got, pred, clu = r["measured"], r["predicted"], r["predicted_cluster"]
+        rows.append([name, got["steps_per_min"], pred["steps_per_min"], _pct(r["error"]),
+                     clu["steps_per_min"], _pct(r["cluster_error"]),
+                     r["bound_steps_per_min"], _pct(r["bound_error"]),
+                     f"{got['learner_busy_frac']:.2f} / {pred['learner_busy_frac']:.2f}",
+                     f"{got['actor_busy_frac']:.2f} / {pred['actor_busy_frac']:.2f}",
+                     f"{got['sync_s_per_step']:.3f} / {pred['sync_s_per_step']:.3f}",
+                     f"{got['stale_max']:.0f} / {pred['stale_max']}"])
+    table = markdown_table(["run", "measured steps/min", "predicted (this machine)", "error",
+                            "predicted (cluster)", "error", "max(G/A,T) bound", "error",
+                            "learner busy (m / p)", "actor busy (m / p)", "sync s/step (m / p)",
+                            "stale max (m / p)"], rows)
+    c, k = results["costs"], results["contention"]
+    head = (f"measured in {results['measurement_run']}: {c['items']} work items, "
+            f"{c['item_s']:.4f} s each (model scale {c['generation_scale']:.2f}), learner "
+            f"update {c['learner']['update_s']:.4f} s, broadcast {c['learner']['broadcast_s']:.4f} "
+            f"s, rest {c['learner']['fixed_s']:.4f} s per step\n"
+            f"this machine: {results['shared_machine']['shared_cores']:g} cores shared; computing "
+            f"at once, the actor runs {k['actor_slowdown']:.2f}x and the learner "
+            f"{k['learner_slowdown']:.2f}x slower than alone (rlvr/plan/contention.py); the "
+            f"cluster model gives each a device of its own\n")
+    return f"{head}\n{table}\n{targets_table(results['targets'])}"

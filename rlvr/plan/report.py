@@ -1,0 +1,197 @@
+"""`rlvr plan RUN_DIR`: predicted steps/min of cluster splits, from one run's measured costs.
+
+    rlvr plan runs/sync [--actors 1,2,4,8] [--learner-ranks 1,2] [--max-staleness 0,1,2,4]
+                        [--gpus N] [--steps 400] [--seeds 3] [--allreduce-s X] [--out DIR]
+
+For every combination, the simulator (rlvr/plan/sim.py) plays the run's schedule with A actors
+and R learner ranks, each on a device of its own, and the generation model fitted to the run
+(rlvr/plan/model.py); the table gives steps/min (mean over seeds), the learner's and the actors'
+busy fractions, the weight-sync seconds per step and the staleness reached. Beside it,
+max(G / A, T) is the overlap bound most back-of-envelope plans use (G = a step's generation on
+one actor, T = the learner's own work); the simulation is below it by what the schedule costs
+(admission, work-item granularity, waits at weight syncs). For each GPU budget in the table (one
+device per actor and per learner rank) it recommends the split with the most steps/min, the
+least staleness among equals.
+
+What the model assumes (separate devices, as on a cluster): actors never slow the learner or
+each other; R ranks share an update perfectly (plus --allreduce-s per update); the broadcast
+takes the measured time whatever the number of actors. On one shared machine (the 2-core
+development box) actors and learner compete for the same cores and memory: more actors than
+free cores do not generate more, and the learner's update slows while an actor generates.
+BENCHMARKS.md ("Planning a split") has the measured comparison.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from rlvr.plan.measure import Measurements, measure
+from rlvr.plan.sim import CLUSTER, Machine, Split, simulate
+
+
+def predict(m: Measurements, split: Split, steps: int = 400, seeds: int = 3,
+            allreduce_s: float = 0.0, machine: Machine = CLUSTER,
+            skip_first: int | None = None) -> dict:
+    """Mean over seeds of the simulated rates for `split`, driven by `m`."""
+    costs = replace(m.learner, allreduce_s=allreduce_s)
+    runs = [simulate(split, m.workload, costs, m.generation, steps=steps, seed=s,
+                     skip_first=skip_first, machine=machine) for s in range(seeds)]
+
+    def avg(name: str) -> float:
+        return sum(getattr(r, name) for r in runs) / len(runs)
+
+    return {"actors": split.actors, "learner_ranks": split.learner_ranks,
+            "max_staleness": split.max_staleness, "steps_per_min": avg("steps_per_min"),
+            "learner_busy_frac": avg("learner_busy_frac"),
+            "actor_busy_frac": avg("actor_busy_frac"), "sync_s_per_step": avg("sync_s_per_step"),
+            "stale_mean": avg("stale_mean"), "stale_max": max(r.stale_max for r in runs),
+            "bound_steps_per_min": overlap_bound_steps_per_min(m, split, allreduce_s)}
+
+
+def step_costs(m: Measurements, ranks: int = 1, allreduce_s: float = 0.0) -> tuple[float, float]:
+    """(G, T): a step's generation on one actor and the learner's own work per step."""
+    items_per_step = math.ceil(m.workload.prompts_per_step / m.workload.prompts_per_work)
+    g = items_per_step * m.item_s_mean
+    t = (m.learner.fixed_s + m.learner.update(ranks, m.learner.mean_train_tokens)
+         + m.learner.broadcast_s / m.workload.sync_every)
+    return g, t + (allreduce_s if ranks > 1 else 0.0)
+
+
+def overlap_bound_steps_per_min(m: Measurements, split: Split, allreduce_s: float = 0.0) -> float:
+    g, t = step_costs(m, split.learner_ranks, allreduce_s)
+    step = g / split.actors + t if split.max_staleness == 0 else max(g / split.actors, t)
+    return 60.0 / step
+
+
+def plan(run_dir: str | Path, actors: list[int], ranks: list[int], staleness: list[int],
+         steps: int = 400, seeds: int = 3, allreduce_s: float = 0.0,
+         gpus: int | None = None, machine: Machine = CLUSTER) -> dict:
+    m = measure(run_dir)
+    rows = [predict(m, Split(a, r, s), steps, seeds, allreduce_s, machine)
+            for a, r, s in itertools.product(actors, ranks, staleness)]
+    g, t = step_costs(m)
+    return {"run_dir": str(run_dir), "measured": m.measured, "notes": m.notes,
+            "costs": {"G_s": g, "T_s": t, "item_s": m.item_s_mean, "items": m.items,
+                      "learner": asdict(m.learner), "generation_scale": m.generation.scale,
+                      "generation_costs": m.generation.costs,
+                      "stay_rate": m.generation.stay_rate,
+                      "responses_per_active": m.generation.responses_per_active},
+            "run_split": {"actors": m.actors, "learner_ranks": m.learner_ranks,
+                          "mode": m.mode, "max_staleness": m.max_staleness},
+            "machine": asdict(machine), "rows": rows, "recommended": recommend(rows, gpus)}
+
+
+def recommend(rows: list[dict], gpus: int | None = None) -> dict[int, dict]:
+    """Per GPU budget (actors + learner ranks; only `gpus` when given): the row with the most
+    steps/min; within 2% of it, the one with the least staleness, then the fewest GPUs."""
+    best: dict[int, dict] = {}
+    budgets = sorted({r["actors"] + r["learner_ranks"] for r in rows})
+    for budget in budgets if gpus is None else [gpus]:
+        fits = [r for r in rows if r["actors"] + r["learner_ranks"] <= budget]
+        if not fits:
+            continue
+        top = max(r["steps_per_min"] for r in fits)
+        near = [r for r in fits if r["steps_per_min"] >= 0.98 * top]
+        best[budget] = min(near, key=lambda r: (r["max_staleness"], r["actors"] + r["learner_ranks"],
+                                                -r["steps_per_min"]))
+    return best
+
+
+def _mode(s: int) -> str:
+    return "sync" if s == 0 else f"async S={s}"
+
+
+def report(result: dict) -> str:
+    from rlvr.bench.common import markdown_table
+
+    c, run = result["costs"], result["run_split"]
+    base = next((r["steps_per_min"] for r in result["rows"] if r["actors"] == 1
+                 and r["learner_ranks"] == 1 and r["max_staleness"] == 0), None)
+    rows = [[r["actors"], r["learner_ranks"], _mode(r["max_staleness"]), r["steps_per_min"],
+             r["steps_per_min"] / base if base else None, r["bound_steps_per_min"],
+             r["learner_busy_frac"], r["actor_busy_frac"], f"{r['sync_s_per_step']:.3f}",
+             f"{r['stale_mean']:.2f}", r["stale_max"]] for r in result["rows"]]
+    table = markdown_table(["actors", "learner ranks", "schedule", "steps/min",
+                            "x 1+1 sync", "max(G/A,T) bound", "learner busy", "actor busy",
+                            "sync s/step", "stale mean", "stale max"], rows)
+    head = (f"measured in {result['run_dir']} ({run['mode']}, {run['actors']} actor(s), "
+            f"{run['learner_ranks']} learner rank(s)): G = {c['G_s']:.3f} s of generation per "
+            f"step on one actor ({c['items']} work items, {c['item_s']:.4f} s each), T = "
+            f"{c['T_s']:.3f} s of learner work (update {c['learner']['update_s']:.3f}, "
+            f"broadcast {c['learner']['broadcast_s']:.4f}, rest {c['learner']['fixed_s']:.3f}); "
+            f"generation model scale {c['generation_scale']:.2f}\n")
+    rec = "\n".join(f"- {b} GPUs: {r['actors']} actor(s) + {r['learner_ranks']} learner rank(s), "
+                    f"{_mode(r['max_staleness'])}: {r['steps_per_min']:.1f} steps/min"
+                    for b, r in result["recommended"].items())
+    notes = "".join(f"note: {n}\n" for n in result["notes"])
+    mach = result.get("machine") or {}
+    if mach.get("shared_cores") is not None:
+        notes += (f"machine: actors and learner ranks share {mach['shared_cores']:g} cores "
+                  f"(slowdown when computing beside another: actor "
+                  f"{mach['actor_slowdown']:.2f}, learner {mach['learner_slowdown']:.2f})\n")
+    else:
+        notes += "machine: every actor and learner rank on a device of its own (a cluster)\n"
+    return f"{head}{notes}\n{table}\nrecommended split per GPU budget (one device per actor " \
+           f"and per learner rank):\n{rec}\n"
+
+
+def run(args) -> int:
+    def ints(text: str, what: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise SystemExit(f"rlvr plan: {what}: whole numbers, comma-separated, not {text!r}")
+        if not values or min(values) < (0 if what == "--max-staleness" else 1):
+            raise SystemExit(f"rlvr plan: {what} must list numbers >= "
+                             f"{0 if what == '--max-staleness' else 1}, got {text!r}")
+        return values
+
+    actors = ints(args.actors, "--actors")
+    ranks = ints(args.learner_ranks, "--learner-ranks")
+    staleness = ints(args.max_staleness, "--max-staleness")
+    if args.steps < 20 or args.seeds < 1:
+        raise SystemExit("rlvr plan: --steps must be >= 20 and --seeds >= 1")
+    slow = [float(v) for v in args.slowdown.split(",")]
+    if len(slow) not in (1, 2) or min(slow) <= 0:
+        raise SystemExit(f"rlvr plan: --slowdown: one or two factors > 0 (actor[,learner]), "
+                         f"not {args.slowdown!r}")
+    if args.shared_cores is not None and args.shared_cores <= 0:
+        raise SystemExit("rlvr plan: --shared-cores must be > 0")
+    machine = Machine(args.shared_cores, slow[0], slow[-1])
+    try:
+        result = plan(args.run_dir, actors, ranks, staleness, args.steps, args.seeds,
+                      args.allreduce_s, args.gpus, machine)
+    except ValueError as e:
+        print(f"rlvr plan: {e}", flush=True)
+        return 2
+    print(report(result))
+    out = Path(args.out) if args.out else Path(args.run_dir) / "plan"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"plan: {out / 'plan.json'}")
+    return 0
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("plan", help="predict steps/min of actor/learner splits from a run")
+    p.add_argument("run_dir", help="a finished run folder (a sync run measures best)")
+    p.add_argument("--actors", default="1,2,3,4,6,8", help="actor counts, comma-separated")
+    p.add_argument("--learner-ranks", default="1,2", help="learner rank counts")
+    p.add_argument("--max-staleness", default="0,1,2,4", help="bounds (0 = sync)")
+    p.add_argument("--gpus", type=int, help="recommend only for this many devices")
+    p.add_argument("--steps", type=int, default=400, help="simulated learner steps per split")
+    p.add_argument("--seeds", type=int, default=3, help="simulations per split (averaged)")
+    p.add_argument("--allreduce-s", type=float, default=0.0,
+                   help="gradient all-reduce seconds per update with > 1 learner rank")
+    p.add_argument("--shared-cores", type=float,
+                   help="model one machine whose cores actors and learner ranks share (default: "
+                        "a device each, as on a cluster)")
+    p.add_argument("--slowdown", default="1",
+                   help="with --shared-cores: actor[,learner] slowdown while another process "
+                        "computes (python -m rlvr.plan.contention RUN_DIR measures them)")
+    p.add_argument("--out", help="folder for plan.json (default RUN_DIR/plan)")
+    p.set_defaults(func=run)

@@ -1,0 +1,344 @@
+"""An event simulation of the actor-learner schedule: what steps/min a split would reach.
+
+What: `simulate(split, workload, costs, generation, steps)` plays the learner's loop and A actors
+forward in simulated time, exactly as learner/trainer.py, learner/coordinator.py and
+actors/worker.py schedule them, and returns steps/min, busy fractions and the staleness reached.
+Pure: no I/O, no clock, no config objects; randomness only from the `seed` given.
+
+The schedule it plays (README "How data flows"; ALGORITHMS.md 8.2):
+  - the learner gathers a step: it hands out work items of up to `prompts_per_work` prompts
+    while the admission bound allows (`submitted + 1 <= (version + S + 1) * prompts_per_step`,
+    S = max_staleness, 0 = sync), each to the actor with the fewest prompts in flight, and
+    re-checks the bound whenever a work item comes back; it never admits while it trains;
+  - an actor runs its work items one after another (FIFO); a work item is the rollout policy's
+    engine calls (AR3PO: one per stage) and comes back whole, sampled with the weights the actor
+    held when it started it;
+  - the learner takes the first `prompts_per_step` groups that came back, drops a group staler
+    than S (its admission slot is freed), trains (fixed work + the update, which R data-parallel
+    ranks share), and every `sync_every` steps publishes weights: every actor joins the
+    broadcast after the work item it is in the middle of (an idle one at once), and the
+    broadcast itself takes `broadcast_s` once all have joined;
+  - by default actors and learner ranks compute on devices of their own (a cluster); with a
+    `Machine(shared_cores=C, ...)` they share C cores: while k of them compute at once each
+    runs at min(1, C / k) of its speed, divided by the slowdown measured for its role when
+    another computes beside it (rlvr/plan/contention.py measures it on this machine).
+
+Steps/min and the busy fractions are over the steady window (steps after the first
+`skip_first`), as `rlvr bench throughput` measures a run (rlvr/bench/reduce.py).
+
+    from rlvr.plan.sim import simulate, Split, Workload, LearnerCosts, fixed_items
+    r = simulate(Split(actors=2, learner_ranks=1, max_staleness=2), Workload(32, 8),
+                 LearnerCosts(fixed_s=0.03, update_s=0.07, broadcast_s=0.005), fixed_items(0.064),
+                 steps=200)
+    print(r.steps_per_min, r.stale_max)
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Split:
+    """How the machines are divided, and the schedule's bound."""
+
+    actors: int
+    """Actor processes, each on a device of its own."""
+    learner_ranks: int = 1
+    """Data-parallel learner ranks sharing each update."""
+    max_staleness: int = 0
+    """Admission bound S in policy versions; 0 is the synchronous schedule."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The shape of a step, from the run's config."""
+
+    prompts_per_step: int
+    """Groups per learner step (rollout.prompts_per_step)."""
+    prompts_per_work: int
+    """Prompts per work item handed to an actor (rollout.prompts_per_work)."""
+    sync_every: int = 1
+    """Weights are published every this many steps (weight_sync.sync_every)."""
+
+
+@dataclass(frozen=True)
+class LearnerCosts:
+    """Seconds of the learner's own work per step."""
+
+    fixed_s: float
+    """Bookkeeping outside the update that ranks do not share (batch building, metrics, log)."""
+    update_s: float
+    """The update (forward, backward, optimizer step) on one rank, for a mean batch."""
+    update_s_per_token: float = 0.0
+    """Extra update seconds per trained token above the mean batch's (one rank); with it a
+    step's update is update_s + update_s_per_token x (its trained tokens - mean_train_tokens)."""
+    mean_train_tokens: float = 0.0
+    """Trained tokens of the mean batch (the reference of update_s)."""
+    broadcast_s: float = 0.0
+    """The weight broadcast once every actor has joined it."""
+    allreduce_s: float = 0.0
+    """Gradient all-reduce per update when ranks > 1 (not measured on one rank: 0 unless
+    given)."""
+
+    def update(self, ranks: int, train_tokens: float) -> float:
+        per_rank = self.update_s + self.update_s_per_token * (train_tokens - self.mean_train_tokens)
+        return max(per_rank, 0.0) / ranks + (self.allreduce_s if ranks > 1 else 0.0)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One work item as an actor experiences it."""
+
+    seconds: float
+    """Actor time: its engine calls, scoring and sending the groups back."""
+    train_tokens: tuple[float, ...]
+    """Per group of the item: response tokens that will be trained on (nonzero advantage)."""
+
+
+# (rng, prompts in the item) -> the item; rlvr/plan/model.py builds one from a run
+Generation = Callable[[random.Random, int], Item]
+
+
+def fixed_items(seconds_per_item: float, train_tokens_per_group: float = 0.0) -> Generation:
+    """Every work item takes the same time (tests and back-of-envelope checks)."""
+    def draw(rng: random.Random, prompts: int) -> Item:
+        return Item(seconds_per_item, (train_tokens_per_group,) * prompts)
+    return draw
+
+
+@dataclass
+class SimResult:
+    steps_per_min: float
+    learner_busy_frac: float
+    """1 - the learner's wait for groups / wall time (as the run logs perf/learner_idle_s)."""
+    actor_busy_frac: float
+    """Actor-seconds spent on work items / (wall time x actors)."""
+    sync_s_per_step: float
+    """Mean seconds the learner spends publishing weights (waiting for actors + broadcast)."""
+    gather_s_per_step: float
+    """Mean seconds the learner waits for a step's groups (G)."""
+    stale_mean: float
+    stale_max: int
+    stale_hist: list[int]
+    dropped_groups: int
+    step_s: list[float] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Where the processes compute. Default: each on a device of its own (a cluster)."""
+
+    shared_cores: float | None = None
+    """None = separate devices; a number = actors and learner ranks share this many cores."""
+    actor_slowdown: float = 1.0
+    """On a shared machine: how much slower an actor computes while another process computes
+    too, beyond the core count (memory bandwidth, caches, hyperthreads, other workloads)."""
+    learner_slowdown: float = 1.0
+    """The same for the learner."""
+
+    def speed(self, busy: int, learner: bool = False) -> float:
+        """Work-seconds per wall second of one of `busy` processes computing at once."""
+        if self.shared_cores is None or busy <= 1:
+            return 1.0
+        slowdown = self.learner_slowdown if learner else self.actor_slowdown
+        return min(1.0, self.shared_cores / busy) / slowdown
+
+
+CLUSTER = Machine()
+
+
+@dataclass
+class _Actor:
+    queue: deque = field(default_factory=deque)  # prompts of each work item handed to it
+    remaining: float | None = None  # work-seconds left of the item in progress; None = idle
+    item: tuple | None = None  # (prompts, weights version, Item)
+    version: int = 0  # policy version of its weights
+    inflight: int = 0  # prompts handed to it and not yet back
+    sync_pending: bool = False
+    joined: bool = False  # waiting in a weight broadcast
+    joined_at: float = 0.0
+    busy_s: float = 0.0  # wall seconds spent on items
+
+
+class _World:
+    """The actors, the learner's computing, and the learner's view of the actors (coordinator
+    state), advanced from one completion to the next. Every computing process progresses at
+    `machine.speed(number computing)` work-seconds per second."""
+
+    def __init__(self, split: Split, work: Workload, generation: Generation, machine: Machine,
+                 rng: random.Random):
+        self.split, self.work, self.gen, self.machine, self.rng = split, work, generation, \
+            machine, rng
+        self.actors = [_Actor() for _ in range(split.actors)]
+        self.learner_remaining: float | None = None  # work-seconds left of its compute
+        self.now = 0.0
+        self.submitted = 0
+        self.ready: deque = deque()  # groups: (weights version, train tokens)
+
+    def admit(self, version: int) -> None:
+        """coordinator.admit: work items while the bound allows, to the least loaded actor."""
+        w, bound = self.work, self.split.max_staleness
+        while True:
+            fresh = 0
+            while fresh < w.prompts_per_work and \
+                    self.submitted + fresh + 1 <= (version + bound + 1) * w.prompts_per_step:
+                fresh += 1
+            if fresh == 0:
+                return
+            self.submitted += fresh
+            i = min(range(len(self.actors)), key=lambda k: (self.actors[k].inflight, k))
+            self.actors[i].inflight += fresh
+            self.actors[i].queue.append(fresh)
+            self._start_next(self.actors[i])
+
+    def _start_next(self, a: _Actor) -> None:
+        if a.remaining is not None or a.joined or a.sync_pending or not a.queue:
+            return
+        prompts = a.queue.popleft()
+        item = self.gen(self.rng, prompts)
+        a.item = (prompts, a.version, item)
+        a.remaining = item.seconds
+
+    def _computing(self) -> int:
+        learner = self.split.learner_ranks if self.learner_remaining is not None else 0
+        return learner + sum(a.remaining is not None for a in self.actors)
+
+    def advance(self) -> bool:
+        """Run to the next completion and handle it; False when nothing is computing. Returns
+        True also when the learner's compute is what completed (learner_remaining is then
+        None)."""
+        busy = [a for a in self.actors if a.remaining is not None]
+        learning = self.learner_remaining is not None
+        if not busy and not learning:
+            return False
+        n = self._computing()
+        actor_speed, learner_speed = self.machine.speed(n), self.machine.speed(n, learner=True)
+        left = [a.remaining / actor_speed for a in busy]
+        if learning:
+            left.append(self.learner_remaining / learner_speed)
+        dt = max(0.0, min(left))
+        self.now += dt
+        done = None
+        for a in busy:
+            a.busy_s += dt
+            a.remaining -= dt * actor_speed
+            if done is None and a.remaining <= 1e-12:
+                done = a
+        if learning:
+            self.learner_remaining -= dt * learner_speed
+            if done is None and self.learner_remaining <= 1e-12:
+                self.learner_remaining = None
+                return True
+        if done is not None:
+            self._finish(done)
+        return True
+
+    def _finish(self, a: _Actor) -> None:
+        """A work item is done: its groups reach the learner; the actor joins a pending
+        broadcast or starts its next item."""
+        prompts, version, item = a.item
+        self.ready.extend((version, item.train_tokens[k] if k < len(item.train_tokens) else 0.0)
+                          for k in range(prompts))
+        a.inflight -= prompts
+        a.remaining, a.item = None, None
+        if a.sync_pending:
+            a.sync_pending, a.joined, a.joined_at = False, True, self.now
+        else:
+            self._start_next(a)
+
+    def compute(self, seconds: float) -> None:
+        """The learner computes `seconds` of work while the actors go on."""
+        self.learner_remaining = seconds
+        while self.learner_remaining is not None and seconds > 0:
+            self.advance()
+        self.learner_remaining = None
+
+    def broadcast(self, version: int, broadcast_s: float) -> None:
+        """Publish `version`: every actor joins after its current item (an idle one at once);
+        the broadcast takes `broadcast_s` once all have joined, then they go on."""
+        for a in self.actors:
+            if a.remaining is None:
+                a.joined, a.joined_at = True, self.now
+            else:
+                a.sync_pending = True
+        while not all(a.joined for a in self.actors):
+            self.advance()
+        self.now += broadcast_s  # every actor is in the broadcast: nothing else computes
+        for a in self.actors:
+            a.joined, a.version = False, version
+            self._start_next(a)
+
+
+def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Generation,
+             steps: int = 200, seed: int = 0, skip_first: int | None = None,
+             machine: Machine = CLUSTER) -> SimResult:
+    """Play `steps` learner steps; rates over the steps after `skip_first` (default steps/10)."""
+    if split.actors < 1 or split.learner_ranks < 1 or split.max_staleness < 0:
+        raise ValueError(f"need actors >= 1, learner_ranks >= 1, max_staleness >= 0: {split}")
+    if work.prompts_per_step < 1 or work.prompts_per_work < 1 or work.sync_every < 1:
+        raise ValueError(f"need prompts_per_step, prompts_per_work, sync_every >= 1: {work}")
+    if work.sync_every - 1 > split.max_staleness:
+        # between publishes the actors' weights fall sync_every - 1 versions behind: every group
+        # of the last step before a publish would be staler than the bound, dropped, and
+        # sampled again with the same weights, forever (the real learner would hang as well)
+        raise ValueError(f"sync_every {work.sync_every} needs max_staleness >= "
+                         f"{work.sync_every - 1}, got {split.max_staleness}")
+    if steps < 2:
+        raise ValueError("simulate at least 2 steps")
+    skip = max(1, steps // 10) if skip_first is None else skip_first
+    skip = min(skip, steps - 1)
+    world = _World(split, work, generation, machine, random.Random(seed))
+    need, bound = work.prompts_per_step, split.max_staleness
+    version = 0
+    stale_hist = [0] * (bound + 2)
+    dropped = 0
+    step_s, gather_s, sync_s = [], [], []
+    busy_at_skip = [0.0] * split.actors
+    t_skip = 0.0
+    for step in range(steps):
+        if step == skip:
+            t_skip = world.now
+            busy_at_skip = [a.busy_s for a in world.actors]
+        t0 = world.now
+        taken: list[tuple[int, float]] = []
+        while True:  # learner._gather
+            world.admit(version)
+            while world.ready and len(taken) < need:
+                group = world.ready.popleft()
+                if version - group[0] > bound:  # consumption rule: drop, free the slot
+                    dropped += 1
+                    world.submitted -= 1
+                    continue
+                taken.append(group)
+            if len(taken) >= need:
+                break
+            if not world.advance():
+                raise RuntimeError("simulation stalled: no work in flight and none admitted")
+        gather_s.append(world.now - t0)
+        for v, _ in taken:
+            stale_hist[min(version - v, bound + 1)] += 1
+        train_tokens = sum(tok for _, tok in taken)
+        world.compute(costs.fixed_s + costs.update(split.learner_ranks, train_tokens))
+        version += 1
+        t_sync = world.now
+        if version % work.sync_every == 0 or step == steps - 1:
+            world.broadcast(version, costs.broadcast_s)
+        sync_s.append(world.now - t_sync)
+        step_s.append(world.now - t0)
+    window = step_s[skip:]
+    wall = world.now - t_skip
+    busy = sum(a.busy_s - b for a, b in zip(world.actors, busy_at_skip))
+    total = sum(stale_hist)
+    return SimResult(
+        steps_per_min=60.0 * len(window) / wall if wall > 0 else float("inf"),
+        learner_busy_frac=1.0 - sum(gather_s[skip:]) / wall if wall > 0 else 1.0,
+        actor_busy_frac=busy / (wall * split.actors) if wall > 0 else 0.0,
+        sync_s_per_step=sum(sync_s[skip:]) / len(window),
+        gather_s_per_step=sum(gather_s[skip:]) / len(window),
+        stale_mean=sum(k * n for k, n in enumerate(stale_hist)) / total if total else 0.0,
+        stale_max=max((k for k, n in enumerate(stale_hist) if n), default=0),
+        stale_hist=stale_hist, dropped_groups=dropped, step_s=step_s)
