@@ -67,8 +67,6 @@ class Coordinator:
         self.epoch = 0  # the weight group's epoch; members are the actors with rank > 0
         self.members: frozenset[bytes] = frozenset()
         self._ids_seen: set[int] = set()
-        self._work_prompts: dict[str, int] = {}  # work id -> prompts, while its groups come in
-        self.longest_work_item_s = 0.0  # sampling time of the longest work item seen
 
     # -- messages ---------------------------------------------------------------------------
     def poll(self, timeout_s: float) -> bool:
@@ -112,9 +110,6 @@ class Coordinator:
         if actor is not None:
             actor.last_seen = now
             actor.inflight.pop(group.group_id, None)
-        # each group carries its share of its work item's sampling time
-        size = self._work_prompts.get(group.work_id, 1)
-        self.longest_work_item_s = max(self.longest_work_item_s, group.gen_time_s * size)
         if group.group_id in self.seen_groups:
             self.stats["groups/duplicates_ignored"] += 1
             return
@@ -181,9 +176,6 @@ class Coordinator:
                         work_id=f"w{self._work_seq}", prompts=prompts, rollout=self.rollout)
             self.slots_taken += fresh
             handed += len(prompts)
-            self._work_prompts[work.work_id] = len(prompts)
-            if len(self._work_prompts) > 4096:  # bounded: only recent items' sizes matter
-                self._work_prompts.pop(next(iter(self._work_prompts)))
             actor.inflight.update((p.group_id, p) for p in prompts)
             try:
                 self.endpoint.send(actor.peer, work)

@@ -105,7 +105,6 @@ class Learner:
         self.weights: WeightGroup | None = None
         self.sync_waits: list[float] = []  # learner waits of the syncs since the last step logged
         self._no_actors_since: float | None = None
-        self._warned_work_time = False
         self.goldens: dict[str, list[int] | None] = {}
         self._write_processes()
         self.run_log = RunLog(run_dir, to_dict(cfg), wandb_mode=cfg.run.wandb,
@@ -251,17 +250,6 @@ class Learner:
                          "dapo/gen_batches": rounds, "dapo/gave_up": int(len(kept) < need)})
         return kept, generated, dropped, info
 
-    def _check_work_item_time(self) -> None:
-        """An actor does not beat while it samples a work item, so an item that takes close to
-        actors.heartbeat_timeout_s gets a healthy actor taken for dead: say so, once."""
-        timeout_s = self.cfg.actors.heartbeat_timeout_s
-        if self.coord.longest_work_item_s > 0.5 * timeout_s and not self._warned_work_time:
-            self._warned_work_time = True
-            log.warning("a work item took %.1f s, over half of actors.heartbeat_timeout_s (%.0f "
-                        "s): an actor busy longer than that is taken for dead. Raise "
-                        "actors.heartbeat_timeout_s or lower rollout.prompts_per_work",
-                        self.coord.longest_work_item_s, timeout_s)
-
     def _goldens(self, groups: list[Group]) -> dict[str, list[int]]:
         """Verified golden trajectories (token ids) of the all-fail groups, for GCPO."""
         if self.cfg.gcpo.coef == 0:
@@ -302,7 +290,6 @@ class Learner:
         while self.step < c.run.steps:
             t_step = time.time()
             groups, generated, dropped, metrics = self._gather()
-            self._check_work_item_time()
             batch = build_step(groups, self.algo, c, self.version, self.step,
                                self._goldens(groups))
             metrics.update(group_metrics(generated, dropped))

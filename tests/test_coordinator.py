@@ -153,20 +153,3 @@ def test_a_sync_to_a_closed_actor_reports_it_unreached_and_loses_it(learner):
     assert coord.membership_changed
     a0.close()
 
-
-def test_the_longest_work_item_is_measured_from_each_groups_share_of_its_items_time(learner):
-    # a work item of 2 prompts whose groups each carry half of its 3 s: the item took 3 s, which
-    # the learner compares with actors.heartbeat_timeout_s (the actor does not beat meanwhile)
-    coord = make_coordinator(learner)
-    a0 = join(coord, 0, 100)
-    assert coord.sync_weights(0, new_epoch=True)
-    coord.admit(version=0)
-    work = recv_all(a0, Work)[0]
-    for p in work.prompts:
-        g = group_for(p, 0)
-        a0.send(Group(protocol_version=V, policy_version=0, group_id=g.group_id,
-                      prompt_id=g.prompt_id, actor_id=0, work_id=work.work_id,
-                      prompt_token_ids=g.prompt_token_ids, samples=g.samples, gen_time_s=1.5))
-        assert coord.poll(5.0)
-    assert coord.longest_work_item_s == pytest.approx(3.0)
-    a0.close()
