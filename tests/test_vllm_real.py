@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import socket
 import threading
+import time
 
 import pytest
 import torch
@@ -20,8 +21,8 @@ import vllm  # noqa: F401 - fail, not skip, where vLLM is missing
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.engines.vllm import VLLMEngine
-from actors.rollout import sample_work
-from protocol.messages import Prompt, RolloutSpec, Work
+from actors.stream import Rollouts
+from protocol.messages import PROTOCOL_VERSION, Prompt, RolloutSpec, Work
 from protocol.weights import WeightGroup
 from tasks.arithmetic import Arithmetic
 from tasks.prompts import prompt_token_ids
@@ -196,18 +197,21 @@ def test_each_prompt_gets_its_own_number_of_completions_in_order(engine, tokeniz
         assert all(lp <= 0 for lp in c.logprobs)
 
 
-# -- rollout policies through vLLM --------------------------------------------------------------
+# -- rollout policies through vLLM, step by step --------------------------------------------------
 
 class Recording:
-    """The real engine, with a record of which prompts each `generate` call sampled and how
-    many responses it asked for each."""
+    """The real engine, with a record of every request the actor's scheduler gave it (the
+    prompt of each sample, in order)."""
 
     def __init__(self, engine):
-        self.engine, self.calls = engine, []
+        self.engine, self.added = engine, []
 
-    def generate(self, prompts, n, *args, **kw):
-        self.calls.append([(tuple(p), k) for p, k in zip(prompts, n)])
-        return self.engine.generate(prompts, n, *args, **kw)
+    def add(self, request_id, prompt_token_ids, *args, **kw):
+        self.added.append(tuple(prompt_token_ids))
+        return self.engine.add(request_id, prompt_token_ids, *args, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
 
 
 @pytest.fixture(scope="module")
@@ -217,66 +221,82 @@ def verifier():
 
 
 def work_of(problems, prompts, spec: RolloutSpec) -> Work:
-    return Work(protocol_version=1, policy_version=0, work_id="w-test", rollout=spec,
+    return Work(protocol_version=PROTOCOL_VERSION, policy_version=0, work_id="w-test",
+                rollout=spec,
                 prompts=[Prompt(group_id=f"g{i}", prompt_id=p.prompt_id, prompt_token_ids=ids,
                                 answer=p.answer, n=8)
                          for i, (p, ids) in enumerate(zip(problems, prompts))])
 
 
-def check_samples(groups, work, tokenizer, verifier, learner_model, temperature):
+def roll_out(engine, tokenizer, verifier, work: Work):
+    """The actor's generation of one work item (actors/stream.py) on `engine`: every prompt's
+    finished group, in the work item's order."""
+    rollouts = Rollouts(engine, tokenizer, verifier)
+    rollouts.add_work(work)
+    done, deadline = {}, time.monotonic() + 600
+    try:
+        while len(done) < len(work.prompts):
+            assert time.monotonic() < deadline, f"{len(done)} of {len(work.prompts)} prompts done"
+            done.update((r.prompt.group_id, r) for r in rollouts.step(wait_s=0.01))
+    finally:
+        rollouts.close()
+    assert engine.unfinished() == 0
+    return [done[p.group_id] for p in work.prompts]
+
+
+def check_samples(results, work, tokenizer, verifier, learner_model, temperature):
     """Every sample's reward is the verifier's verdict on its text, and its behaviour log-probs
     are the learner's (later stages reuse the prompt's cached KV blocks: still exact)."""
-    for g, p in zip(groups, work.prompts):
-        texts = [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in g.samples]
-        assert [s.acc for s in g.samples] == verifier.score(texts, [p.answer] * len(texts))
-        for s in g.samples:
+    for r, p in zip(results, work.prompts):
+        texts = [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in r.samples]
+        assert [s.acc for s in r.samples] == verifier.score(texts, [p.answer] * len(texts))
+        for s in r.samples:
             ref = learner_logp(learner_model, p.prompt_token_ids, s.token_ids, temperature)
             assert (ref - torch.tensor(s.logprobs)).abs().max().item() < TOLERANCE
 
 
+def requests_per_prompt(rec: Recording, work: Work) -> list[int]:
+    return [rec.added.count(tuple(p.prompt_token_ids)) for p in work.prompts]
+
+
 def test_ar3po_stages_sample_only_prompts_still_without_a_correct_response(
         engine, tokenizer, verifier, learner_model, problems, prompts):
-    spec = RolloutSpec(strategy="staged", max_new_tokens=8, temperature=1.0, stage_sizes=[2, 2, 4])
+    spec = RolloutSpec(strategy="stop_on_correct", max_new_tokens=8, temperature=1.0,
+                       stage_sizes=[2, 2, 4])
     work = work_of(problems, prompts, spec)
     rec = Recording(engine)
-    groups = sample_work(rec, tokenizer, verifier, work, actor_id=0, version=0)
-    solved_before: set[tuple] = set()
-    for stage, call in enumerate(rec.calls):
-        assert all(k == spec.stage_sizes[stage] for _, k in call)
-        asked = {p for p, _ in call}
-        expected = {tuple(p.prompt_token_ids) for p in work.prompts} - solved_before
-        assert asked == expected
-        for g, p in zip(groups, work.prompts):
-            if any(s.acc for s in g.samples if s.stage == stage):
-                solved_before.add(tuple(p.prompt_token_ids))
-    for g in groups:
-        stages = [s.stage for s in g.samples]
-        assert stages == sorted(stages) and len(g.samples) in (2, 4, 8)
-        first_right = next((s.stage for s in g.samples if s.acc), None)
+    results = roll_out(rec, tokenizer, verifier, work)
+    for r in results:
+        stages = [s.stage for s in r.samples]
+        for stage in set(stages):  # each stage it reached, whole
+            assert stages.count(stage) == spec.stage_sizes[stage]
+        first_right = min((s.stage for s in r.samples if s.acc), default=None)
         assert max(stages) == (first_right if first_right is not None else 2)
+    # nothing sampled beyond what the groups carry (no abort on first correct here)
+    assert requests_per_prompt(rec, work) == [len(r.samples) for r in results]
     # the warm-started model solves some prompts at once and leaves others to later stages
-    assert 1 < len(rec.calls) and len(rec.calls[-1]) < len(rec.calls[0])
-    check_samples(groups, work, tokenizer, verifier, learner_model, spec.temperature)
+    sizes = {len(r.samples) for r in results}
+    assert 2 in sizes and len(sizes) > 1
+    check_samples(results, work, tokenizer, verifier, learner_model, spec.temperature)
 
 
 def test_aero_rescues_failing_prompts_from_the_pooled_budget(
         engine, tokenizer, verifier, learner_model, problems, prompts):
     spec = RolloutSpec(strategy="aero", max_new_tokens=8, temperature=0.7, aero_explore=2,
                        aero_rescue_step=2, aero_max_rounds=3, aero_max_per_prompt=6,
-                       aero_budget=2, aero_rescue_threshold=0)
+                       aero_rescue_budget_per_prompt=2, aero_rescue_threshold=0)
     work = work_of(problems, prompts, spec)
     rec = Recording(engine)
-    groups = sample_work(rec, tokenizer, verifier, work, actor_id=0, version=0)
-    explore, *rescues = rec.calls
-    assert len(explore) == len(work.prompts) and all(k == 2 for _, k in explore)
-    assert 1 <= len(rescues) <= 3
-    by_prompt = {tuple(p.prompt_token_ids): g for g, p in zip(groups, work.prompts)}
+    results = roll_out(rec, tokenizer, verifier, work)
     rescued = 0
-    for r, call in enumerate(rescues, start=1):
-        for prompt, k in call:
-            g = by_prompt[prompt]
-            assert k == 2 and not any(s.acc for s in g.samples if s.stage < r)  # still failing
-        rescued += 2 * len(call)
-    assert rescued <= spec.aero_budget * len(work.prompts)  # the pooled budget
-    assert all(len(g.samples) <= spec.aero_max_per_prompt for g in groups)
-    check_samples(groups, work, tokenizer, verifier, learner_model, spec.temperature)
+    for r in results:
+        rounds = [s.stage for s in r.samples]
+        assert rounds.count(0) == 2  # every prompt explores
+        for rnd in set(rounds) - {0}:
+            assert rounds.count(rnd) == 2  # a rescue round of aero_rescue_step
+            assert not any(s.acc for s in r.samples if s.stage < rnd)  # only while failing
+        assert max(rounds) <= 3 and len(r.samples) <= spec.aero_max_per_prompt
+        rescued += len(r.samples) - 2
+    assert 0 < rescued <= spec.aero_rescue_budget_per_prompt * len(work.prompts)  # the pool
+    assert requests_per_prompt(rec, work) == [len(r.samples) for r in results]
+    check_samples(results, work, tokenizer, verifier, learner_model, spec.temperature)
