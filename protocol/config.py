@@ -370,29 +370,12 @@ class Config:
             raise ConfigError("actors.heartbeat_timeout_s must exceed actors.heartbeat_s")
         if self.actors.max_restarts < 0:
             raise ConfigError("actors.max_restarts must be >= 0")
-        self._validate_vllm()
         if self.rollout.policy == "hora" and self.rollout.group_size < self.hora.k_min:
             raise ConfigError("rollout.group_size must be >= hora.k_min (the per-prompt budget "
                               "must give every prompt k_min responses)")
         problems = value_problems(self)
         if problems:
             raise ConfigError("\n".join(problems))
-
-    def _validate_vllm(self) -> None:
-        a = self.actors
-        if a.kv_cache_gib is not None and a.kv_cache_gib <= 0:
-            raise ConfigError(f"actors.kv_cache_gib must be > 0 GiB (or null), got {a.kv_cache_gib}")
-        if not 0 < a.gpu_memory_utilization <= 1:
-            raise ConfigError("actors.gpu_memory_utilization must be in (0, 1], got "
-                              f"{a.gpu_memory_utilization}")
-        if a.max_model_len is not None and a.max_model_len <= self.rollout.max_new_tokens:
-            raise ConfigError(f"actors.max_model_len ({a.max_model_len}) must exceed "
-                              f"rollout.max_new_tokens ({self.rollout.max_new_tokens}): it "
-                              "bounds prompt + response")
-        if a.engine == "vllm" and self.model.device == "cpu" and a.kv_cache_gib is None:
-            raise ConfigError("actors.kv_cache_gib is required with actors.engine=vllm on CPU "
-                              "(vLLM would otherwise reserve actors.gpu_memory_utilization of "
-                              "all RAM for each actor's KV cache); e.g. actors.kv_cache_gib=1")
 
     @property
     def staleness_bound(self) -> int:

@@ -99,8 +99,15 @@ def value_problems(cfg: Config) -> list[str]:
     if not 0 < a.gpu_memory_utilization <= 1:
         found.append(f"'actors.gpu_memory_utilization' must be in (0, 1], got "
                      f"{a.gpu_memory_utilization}")
-    if a.max_model_len is not None and a.max_model_len < 1:
-        found.append(f"'actors.max_model_len' must be >= 1 or null, got {a.max_model_len}")
+    if a.max_model_len is not None and a.max_model_len <= r.max_new_tokens:
+        found.append(f"'actors.max_model_len' ({a.max_model_len}) must exceed "
+                     f"'rollout.max_new_tokens' ({r.max_new_tokens}): it bounds prompt + response")
+    if a.kv_cache_gib is not None and a.kv_cache_gib <= 0:
+        found.append(f"'actors.kv_cache_gib' must be > 0 GiB (or null), got {a.kv_cache_gib}")
+    if a.engine == "vllm" and cfg.model.device == "cpu" and a.kv_cache_gib is None:
+        found.append("'actors.kv_cache_gib' is required with actors.engine=vllm on CPU (vLLM "
+                     "would otherwise reserve actors.gpu_memory_utilization of all RAM for each "
+                     "actor's KV cache); e.g. actors.kv_cache_gib=1")
     for key in ("zmq_port", "weights_port", "master_port"):
         if not 0 <= getattr(cfg.net, key) <= 65535:
             found.append(f"'net.{key}' must be a port in 0..65535 (0 = pick one), got "

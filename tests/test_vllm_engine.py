@@ -206,10 +206,11 @@ def test_without_vllm_the_engine_says_how_to_install_it(tiny, monkeypatch):
 # -- config ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides, key", [
-    (["actors.engine=vllm"], "actors.kv_cache_gib is required"),  # on CPU: half of all RAM else
-    (["actors.kv_cache_gib=0"], "actors.kv_cache_gib must be > 0"),
-    (["actors.gpu_memory_utilization=1.5"], "actors.gpu_memory_utilization"),
-    (["actors.max_model_len=8", "rollout.max_new_tokens=8"], "actors.max_model_len"),
+    (["actors.engine=vllm"], "'actors.kv_cache_gib' is required"),  # on CPU: half of all RAM else
+    (["actors.kv_cache_gib=0"], "'actors.kv_cache_gib' must be > 0"),
+    (["actors.gpu_memory_utilization=1.5"], "'actors.gpu_memory_utilization' must be in"),
+    (["actors.max_model_len=8", "rollout.max_new_tokens=8"],
+     "'actors.max_model_len' \\(8\\) must exceed"),
 ])
 def test_vllm_settings_that_cannot_work_are_refused_naming_the_key(overrides, key):
     from protocol.config import ConfigError, load_config
