@@ -12,6 +12,7 @@ the learner over real ZeroMQ sockets and a real gloo weight group (tests/actor_h
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -36,6 +37,16 @@ def random_models(tmp_path_factory):
         tok, hidden=32, layers=2, heads=2, ffn=64, seed=1)
 
 
+def served_log(learner: FakeLearner, version: int, timeout_s: float = 60.0) -> str:
+    """The actor's log once it says it holds `version`'s weights."""
+    deadline = time.monotonic() + timeout_s
+    while f"weights of version {version} in" not in (log := learner.tail()):
+        if time.monotonic() > deadline:
+            return log  # steps_to_serve then fails with the log
+        time.sleep(0.1)
+    return log
+
+
 def steps_to_serve(log: str, version: int) -> int:
     found = re.search(rf"weights of version {version} in, (\d+) decode steps", log)
     assert found, log[-3000:]
@@ -55,7 +66,7 @@ def test_a_sync_announced_in_the_middle_of_a_long_generation(policy, tmp_path, r
         assert short.group_id == "g1"
         learner.sync(v1, 1)
         (g,) = learner.groups(1)
-        log = learner.tail()
+        log = served_log(learner, 1)  # under finish the group goes out before the sync is served
     finally:
         learner.close()
     runs = [s.version_runs for s in g.samples]
