@@ -18,37 +18,10 @@ from learner.logprobs import full_logits_logp
 from learner.update import ContrastGroup, LossRow, UpdateSpec, policy_update
 from protocol.algorithm_config import GCPOConfig
 from protocol.config import LossConfig
+from tests.sgd_engine import SGDEngine
 from tasks.tiny_model import build_model, build_tokenizer
 
 LR = 1.0
-
-
-class Engine:
-    """The part of a DeepSpeed engine the update uses: forward, backward, step at a boundary."""
-
-    def __init__(self, model, lr=LR):
-        self.module = model
-        self.opt = torch.optim.SGD(model.parameters(), lr=lr)
-        self.boundary = True
-        self.steps = 0
-
-    def __call__(self, **kw):
-        return self.module(**kw)
-
-    def train(self):
-        self.module.train()
-
-    def set_gradient_accumulation_boundary(self, boundary):
-        self.boundary = boundary
-
-    def backward(self, loss):
-        loss.backward()
-
-    def step(self):
-        if self.boundary:
-            self.opt.step()
-            self.opt.zero_grad()
-            self.steps += 1
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +95,7 @@ def plain_reference(model, rows, loss_cfg, mini_batches, epochs, lr=LR):
 
 
 def update(model, rows, loss_cfg=LossConfig(), contrasts=(), reference=None, **kw):
-    engine = Engine(copy.deepcopy(model))
+    engine = SGDEngine(copy.deepcopy(model), LR)
     spec = UpdateSpec(loss_cfg, max_new_tokens=8, **{"micro_batch": 3, **kw})
     return policy_update(engine, rows, spec, 0, contrasts, reference), engine
 
@@ -175,7 +148,7 @@ def test_a_mini_batch_without_gradient_takes_no_optimizer_step(model):
 def test_kl_to_the_frozen_reference_is_zero_at_the_start_and_grows(model):
     rows = make_rows(model)
     reference = copy.deepcopy(model).requires_grad_(False)
-    engine = Engine(copy.deepcopy(model), lr=0.3)
+    engine = SGDEngine(copy.deepcopy(model), 0.3)
     spec = UpdateSpec(LossConfig(kl_beta=0.1), max_new_tokens=8, micro_batch=3)
     kl = [policy_update(engine, rows, spec, 0, (), reference)["kl/mean"] for _ in range(3)]
     assert kl[0] == pytest.approx(0.0, abs=1e-6)  # the policy is still the reference

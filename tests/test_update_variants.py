@@ -14,34 +14,9 @@ from learner.update import (ContrastGroup, LossRow, UpdateSpec, contrast_batches
                             ratio_terms)
 from protocol.algorithm_config import GCPOConfig, MuGRPOConfig
 from protocol.config import LossConfig
+from tests.sgd_engine import SGDEngine
 
 PROMPT, RESPONSE = [3, 4], [5, 6, 7]
-
-
-class Engine:
-    """The part of a DeepSpeed engine the update uses: forward, backward, step at a boundary."""
-
-    def __init__(self, model, lr=0.5):
-        self.module = model
-        self.opt = torch.optim.SGD(model.parameters(), lr=lr)
-        self.boundary = True
-
-    def __call__(self, **kw):
-        return self.module(**kw)
-
-    def train(self):
-        self.module.train()
-
-    def set_gradient_accumulation_boundary(self, boundary):
-        self.boundary = boundary
-
-    def backward(self, loss):
-        loss.backward()
-
-    def step(self):
-        if self.boundary:
-            self.opt.step()
-            self.opt.zero_grad()
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +39,7 @@ def row(model, adv, shift=0.0, **kw) -> LossRow:
 
 def run(model, rows, loss_cfg, micro_batch=64, contrasts=(), **kw) -> dict:
     spec = UpdateSpec(loss_cfg, max_new_tokens=8, micro_batch=micro_batch, **kw)
-    return policy_update(Engine(copy.deepcopy(model)), rows, spec, 0, contrasts)
+    return policy_update(SGDEngine(copy.deepcopy(model), 0.5), rows, spec, 0, contrasts)
 
 
 FRESH, RECOMPUTED, REPLAYED = (torch.tensor([[True], [False], [False]]),
