@@ -27,6 +27,12 @@ class Completion:
     truncated: bool
 
 
+def eos_ids(model) -> set[int]:
+    """The token ids that end a response of `model` (its generation config: Qwen lists two)."""
+    eos = model.generation_config.eos_token_id
+    return set(eos) if isinstance(eos, (list, tuple)) else {eos}
+
+
 class HFSampler:
     """Samples from `model` (an HF causal LM) in batches of at most `max_batch` sequences."""
 
@@ -34,9 +40,8 @@ class HFSampler:
         self.model = model
         self.device = next(model.parameters()).device
         self.pad_token_id = model.generation_config.pad_token_id
-        eos = model.generation_config.eos_token_id
-        self.eos_ids = set(eos) if isinstance(eos, (list, tuple)) else {eos}  # Qwen: a list
-        self.eos_token_id = eos
+        self.eos_ids = eos_ids(model)
+        self.eos_token_id = model.generation_config.eos_token_id
         self.max_batch = max_batch
 
     def generate(self, prompts: list[list[int]], n: list[int], max_new_tokens: int,

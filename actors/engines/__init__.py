@@ -34,6 +34,17 @@ class Finished:
     compute_s: float = 0.0  # this request's share of the engine's decode time
 
 
+def extend_version_runs(runs: list[tuple[int, int]], version: int, tokens: int) -> None:
+    """Record `tokens` more tokens sampled at policy `version` in `runs`, (version, consecutive
+    tokens) oldest first: a run grows while the version stays, a new one starts when it moves."""
+    if tokens <= 0:
+        return
+    if runs and runs[-1][0] == version:
+        runs[-1] = (version, runs[-1][1] + tokens)
+    else:
+        runs.append((version, tokens))
+
+
 @dataclass(frozen=True)
 class Aborted:
     """A request stopped before it finished: how much it had generated (never trained on)."""

@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoModelForCausalLM
 
-from actors.engines import Aborted, Finished, generate_all
+from actors.engines import Aborted, Finished, extend_version_runs, generate_all
 from actors.engines.kv_rows import KVRows
+from tasks.sampling import eos_ids
 
 
 @dataclass
@@ -56,10 +57,7 @@ class _Request:
     def append(self, token: int, logprob: float, version: int) -> None:
         self.tokens.append(token)
         self.logprobs.append(logprob)
-        if self.version_runs and self.version_runs[-1][0] == version:
-            self.version_runs[-1] = (version, self.version_runs[-1][1] + 1)
-        else:
-            self.version_runs.append((version, 1))
+        extend_version_runs(self.version_runs, version, 1)
 
 
 class HFEngine:
@@ -67,8 +65,7 @@ class HFEngine:
         self.model = model
         self.device = next(model.parameters()).device
         self.pad_token_id = model.generation_config.pad_token_id
-        eos = model.generation_config.eos_token_id
-        self.eos_ids = set(eos) if isinstance(eos, (list, tuple)) else {eos}  # Qwen: a list
+        self.eos_ids = eos_ids(model)
         self.max_batch = max_batch
         self.policy_version = 0
         """Version of the weights in the model now: every token sampled is tagged with it."""

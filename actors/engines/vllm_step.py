@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from actors.engines import Aborted, Finished, generate_all
+from actors.engines import Aborted, Finished, extend_version_runs, generate_all
 
 
 @dataclass
@@ -56,10 +56,7 @@ class _Request:
         for tok, entry in zip(token_ids, logprobs):
             self.tokens.append(int(tok))
             self.logprobs.append(sampled_logprob(entry, int(tok)))
-        if n and self.version_runs and self.version_runs[-1][0] == version:
-            self.version_runs[-1] = (version, self.version_runs[-1][1] + n)
-        elif n:
-            self.version_runs.append((version, n))
+        extend_version_runs(self.version_runs, version, n)
 
 
 class VLLMStepLoop:
