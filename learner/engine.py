@@ -29,6 +29,16 @@ def init_learner_distributed(cfg: Config, rank: int, world_size: int) -> None:
     deepspeed.init_distributed(dist_backend=backend)
 
 
+def leave_distributed() -> None:
+    """Tear down the learner ranks' default process group before the interpreter exits: a gloo
+    group left to interpreter shutdown can abort the process ("terminate called without an
+    active exception"), turning a finished rank's exit code into a failure. Local, no collective."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def build_engine(cfg: Config, model_path: str):
     """A DeepSpeed engine around the HF model at `model_path`, with AdamW and linear warm-up."""
     import deepspeed

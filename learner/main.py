@@ -34,18 +34,22 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(cfg.learner.threads)
     torch.manual_seed(cfg.run.seed)
     if rank > 0:  # a data-parallel rank: it follows rank 0's plans (learner/ranks.py)
-        from learner.engine import init_learner_distributed
+        from learner.engine import init_learner_distributed, leave_distributed
         from learner.ranks import Follower
 
         init_learner_distributed(cfg, rank, cfg.learner.ranks)
         # the notice goes to every rank on SLURM; rank 0 alone decides, the others follow
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-        Follower(cfg, args.run_dir).run()
+        try:
+            Follower(cfg, args.run_dir).run()
+        finally:
+            leave_distributed()
         return 0
     # SIGUSR1 = "checkpoint and stop" (SLURM sends it before the time limit); a notice that
     # arrives while the learner is still starting is kept and honoured after its first step
     notices: list[int] = []
     signal.signal(signal.SIGUSR1, lambda *_: notices.append(1))
+    from learner.engine import leave_distributed
     from learner.trainer import Learner, Preempted  # heavy imports after argument errors
 
     learner = Learner(cfg, args.run_dir, args.resume)
@@ -61,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         return REQUEUE_EXIT_CODE
     finally:
         learner.close(reason)
+        leave_distributed()
     return 0
 
 
