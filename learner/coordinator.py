@@ -10,7 +10,9 @@ an actor died) is never counted twice.
 
 Actors come and go. An actor is lost when it stays silent longer than the heartbeat timeout,
 when a message to it cannot be delivered (ZeroMQ knows its connection closed), or when it says
-hello again from a new process (a restart). Its in-flight prompts are then handed out again,
+hello again from a new process (a restart). A process whose connection closed or that was
+replaced stays dead: heartbeats it sent before it died, read only afterwards, do not bring it
+back (a slow actor reaped for silence does come back when it beats again). Its in-flight prompts are then handed out again,
 first in line, with their group ids (no extra admission slot: they were counted once). Work
 goes only to the members of the current weight group (they hold the weights); when the live
 actors differ from the members, the learner forms a new group (`sync_weights(new_epoch=True)`)
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from learner.staleness import may_admit
 from protocol.messages import (PROTOCOL_VERSION, Group, Heartbeat, Hello, Prompt, RolloutSpec,
                                Shutdown, SyncWeights, Work)
-from protocol.transport import LearnerEndpoint, TransportError
+from protocol.transport import LearnerEndpoint, PeerGone, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,7 @@ class Coordinator:
         self.epoch = 0  # the weight group's epoch; members are the actors with rank > 0
         self.members: frozenset[bytes] = frozenset()
         self._ids_seen: set[int] = set()
+        self.departed: set[bytes] = set()  # peers known dead: connection closed, or replaced
 
     # -- messages ---------------------------------------------------------------------------
     def poll(self, timeout_s: float) -> bool:
@@ -80,11 +83,7 @@ class Coordinator:
             case Hello():
                 self._hello(peer, msg, now)
             case Heartbeat():
-                if peer in self.actors:
-                    self.actors[peer].last_seen = now
-                else:  # taken for dead while it was only slow (e.g. stuck in a failed sync)
-                    self.actors[peer] = ActorState(msg.actor_id, peer, "?", 0, now)
-                    log.warning("actor %d is alive after all: it rejoins", msg.actor_id)
+                self._beat(peer, msg, now)
             case Group():
                 self._ingest(peer, msg, now)
             case _:
@@ -98,12 +97,23 @@ class Coordinator:
 
     def _hello(self, peer: bytes, msg: Hello, now: float) -> None:
         for old in [a for a in self.actors.values() if a.actor_id == msg.actor_id and a.peer != peer]:
-            self.lose(old, f"restarted as pid {msg.pid}")
+            self.lose(old, f"restarted as pid {msg.pid}", departed=True)
         if msg.actor_id in self._ids_seen:
             self.stats["faults/actor_restarts"] += 1
         self._ids_seen.add(msg.actor_id)
         self.actors[peer] = ActorState(msg.actor_id, peer, msg.host, msg.pid, now)
         log.info("actor %d joined from %s pid %d", msg.actor_id, msg.host, msg.pid)
+
+    def _beat(self, peer: bytes, msg: Heartbeat, now: float) -> None:
+        if peer in self.actors:
+            self.actors[peer].last_seen = now
+        elif peer in self.departed or any(a.actor_id == msg.actor_id for a in self.actors.values()):
+            # queued before its process died or was replaced, read only now: a comeback here
+            # would put a dead peer into the next weight group and count its loss twice
+            self.stats["faults/late_heartbeats"] += 1
+        else:  # taken for dead while it was only slow (e.g. stuck in a failed sync)
+            self.actors[peer] = ActorState(msg.actor_id, peer, "?", 0, now)
+            log.warning("actor %d is alive after all: it rejoins", msg.actor_id)
 
     def _ingest(self, peer: bytes, group: Group, now: float) -> None:
         actor = self.actors.get(peer)
@@ -125,8 +135,11 @@ class Coordinator:
             self.poll(0.1)
 
     # -- faults -----------------------------------------------------------------------------
-    def lose(self, actor: ActorState, why: str) -> None:
-        """Take `actor` for dead: forget it and hand its in-flight prompts out again."""
+    def lose(self, actor: ActorState, why: str, departed: bool = False) -> None:
+        """Take `actor` for dead: forget it and hand its in-flight prompts out again. A
+        `departed` one (connection closed, or replaced by a restart) cannot come back."""
+        if departed:
+            self.departed.add(actor.peer)
         if self.actors.pop(actor.peer, None) is None:
             return
         pending = [p for p in actor.inflight.values() if p.group_id not in self.seen_groups]
@@ -181,7 +194,7 @@ class Coordinator:
                 self.endpoint.send(actor.peer, work)
             except TransportError as e:  # gone: these prompts join the reissue queue
                 members.remove(actor)
-                self.lose(actor, f"work not delivered: {e}")
+                self.lose(actor, f"work not delivered: {e}", departed=isinstance(e, PeerGone))
         return handed
 
     def release(self, groups: int) -> None:
@@ -218,7 +231,8 @@ class Coordinator:
                     protocol_version=PROTOCOL_VERSION, policy_version=version,
                     group_epoch=self.epoch, rank=actor.rank, world_size=world_size))
             except TransportError as e:
-                self.lose(actor, f"weight sync not delivered: {e}")
+                self.lose(actor, f"weight sync not delivered: {e}",
+                          departed=isinstance(e, PeerGone))
                 reached = False
         return reached
 

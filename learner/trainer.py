@@ -339,6 +339,7 @@ class Learner:
                 "faults/actor_restarts": stats["faults/actor_restarts"],
                 "faults/prompts_reissued": stats["faults/prompts_reissued"],
                 "faults/weight_sync_failures": stats["faults/weight_sync_failures"],
+                "faults/late_heartbeats": stats["faults/late_heartbeats"],
                 "faults/weight_group_epoch": self.coord.epoch,
                 "groups/duplicates_ignored": stats["groups/duplicates_ignored"],
                 "actors/live": len(self.coord.actors)}

@@ -53,6 +53,10 @@ class TransportError(RuntimeError):
     """A send that cannot be delivered: unknown/disconnected peer, or the queue stayed full."""
 
 
+class PeerGone(TransportError):
+    """The peer's connection is closed: ZeroMQ has no route to it any more."""
+
+
 class _Endpoint:
     """Shared socket plumbing: one context and one socket per endpoint (no global state)."""
 
@@ -175,7 +179,7 @@ class LearnerEndpoint(_Endpoint):
             raise TransportError(f"send to {peer!r}: queue full past send timeout") from None
         except zmq.ZMQError as e:
             if e.errno == zmq.EHOSTUNREACH:
-                raise TransportError(f"send to {peer!r}: no such peer connected") from None
+                raise PeerGone(f"send to {peer!r}: no such peer connected") from None
             raise
 
     def recv(self, timeout_s: float | None) -> tuple[bytes, Message] | None:

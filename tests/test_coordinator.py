@@ -153,3 +153,39 @@ def test_a_sync_to_a_closed_actor_reports_it_unreached_and_loses_it(learner):
     assert coord.membership_changed
     a0.close()
 
+
+
+def test_heartbeats_a_dead_actor_sent_before_it_died_do_not_bring_it_back(learner):
+    """Read after its loss, they once put the dead peer into the next weight group and counted
+    its loss again when the restarted process said hello."""
+    coord = make_coordinator(learner)
+    dead = join(coord, 0, 100)
+    assert coord.sync_weights(0, new_epoch=True)
+    for _ in range(3):  # queued at the learner, not read yet
+        dead.send(Heartbeat(protocol_version=V, policy_version=0, actor_id=0, busy=False))
+    time.sleep(0.2)
+    dead.close()
+    deadline = time.monotonic() + 5.0
+    while coord.actors and time.monotonic() < deadline:  # ZeroMQ notices the closed peer
+        coord.sync_weights(1, new_epoch=False)
+        time.sleep(0.05)
+    assert not coord.actors
+    coord.drain()
+    assert not coord.actors and coord.stats["faults/late_heartbeats"] == 3
+    restarted = join(coord, 0, 200)
+    assert list(coord.actors) == [b"actor-0-200"]
+    assert coord.stats["faults/actors_lost"] == 1
+    assert coord.stats["faults/actor_restarts"] == 1
+    restarted.close()
+
+
+def test_a_heartbeat_from_a_replaced_process_does_not_bring_it_back(learner):
+    coord = make_coordinator(learner)
+    old = join(coord, 0, 100)
+    new = join(coord, 0, 200)
+    old.send(Heartbeat(protocol_version=V, policy_version=0, actor_id=0, busy=False))
+    assert coord.poll(5.0)
+    assert list(coord.actors) == [b"actor-0-200"]
+    assert coord.stats["faults/actors_lost"] == 1
+    old.close()
+    new.close()
