@@ -23,7 +23,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from learner.run_log import is_scalar, read_metrics
+from learner.progress import is_scalar
+from learner.run_log import read_metrics
 
 # (file stem, title, y label, [(key, line style)])
 CURVES = [

@@ -6,8 +6,8 @@ metrics)` call
      the metrics; keys as in ALGORITHMS.md section 9) and flushes + fsyncs it, so a crash loses
      nothing already logged;
   2. forwards the scalar metrics to wandb (offline unless the user logs in; "disabled" skips it);
-  3. refreshes the progress line (rich on a TTY, a compact line every `progress_every_s`
-     otherwise).
+  3. refreshes the progress line (learner/progress.py: rich on a TTY, a compact line every
+     `progress_every_s` otherwise).
 `summary()` writes `summary.json` at the end of a run; `read_metrics()` reads a metrics file back
 and tolerates a truncated last line (a crash mid-write).
 
@@ -40,6 +40,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
+from learner.progress import Progress, is_scalar
+
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
@@ -70,10 +72,6 @@ def jsonable(value: Any, key: str = "") -> Any:
     if hasattr(value, "tolist"):  # numpy scalar/array, torch tensor (no import needed)
         return jsonable(value.tolist(), key)
     raise TypeError(f"metric {key!r}: cannot write a {type(value).__name__} as JSON")
-
-
-def is_scalar(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -151,78 +149,6 @@ def summarize(rows: list[dict]) -> dict:
         "means": _means(rows),
         "last10pct_means": _means(tail),
     }
-
-
-# ---------------------------------------------------------------------------------------------
-# Progress line
-# ---------------------------------------------------------------------------------------------
-
-
-def fmt_duration(seconds: float) -> str:
-    s = int(max(0, seconds))
-    h, m = divmod(s // 60, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s % 60:02d}s"
-
-
-def _fmt_rate(tokens_per_s: float) -> str:
-    return f"{tokens_per_s / 1000:.1f}k" if tokens_per_s >= 1000 else f"{tokens_per_s:.0f}"
-
-
-def format_progress(step: int, total_steps: int | None, latest: dict, elapsed_s: float,
-                    eta_s: float | None = None) -> str:
-    """One compact line: step/total, reward, responses per prompt, staleness, tokens/s, eval."""
-    parts = [f"step {step}/{total_steps}" if total_steps else f"step {step}"]
-    fields = [("reward/acc_mean", "acc {:.3f}"), ("gen/responses_per_prompt", "resp/prompt {:.2f}"),
-              ("stale/max", "stale max {:g}"), ("eval/avg@8", "avg@8 {:.3f}")]
-    for key, fmt in fields:
-        if is_scalar(latest.get(key)):
-            parts.append(fmt.format(latest[key]))
-    if is_scalar(latest.get("perf/gen_tokens_per_s")):
-        parts.append(f"{_fmt_rate(latest['perf/gen_tokens_per_s'])} tok/s")
-    parts.append(fmt_duration(elapsed_s) + (f" (eta {fmt_duration(eta_s)})" if eta_s else ""))
-    return " | ".join(parts)
-
-
-class _Progress:
-    """Rich live line on a TTY; on a pipe/file, one plain line every `every_s` seconds."""
-
-    def __init__(self, total_steps: int | None, stream: TextIO, every_s: float) -> None:
-        self.total_steps, self.stream, self.every_s = total_steps, stream, every_s
-        self.latest: dict = {}  # last value seen per key (eval comes every few steps)
-        self.last_print = -math.inf
-        self.first_step: int | None = None
-        self.t0 = time.monotonic()
-        self.live = None
-        if stream.isatty():
-            from rich.console import Console
-            from rich.live import Live
-
-            self.live = Live(console=Console(file=stream), auto_refresh=False, transient=False)
-            self.live.start()
-
-    def update(self, step: int, row: dict, elapsed_s: float) -> None:
-        self.latest.update({k: v for k, v in row.items() if v is not None})
-        if self.first_step is None:
-            self.first_step, self.t0 = step, time.monotonic()
-        eta_s = None
-        done = step - self.first_step
-        if self.total_steps and done > 0:
-            eta_s = (time.monotonic() - self.t0) / done * (self.total_steps - step)
-        line = format_progress(step, self.total_steps, self.latest, elapsed_s, eta_s)
-        if self.live is not None:
-            from rich.text import Text
-
-            self.live.update(Text(line), refresh=True)
-            return
-        now = time.monotonic()
-        if now - self.last_print >= self.every_s or step == self.total_steps:
-            print(line, file=self.stream, flush=True)
-            self.last_print = now
-
-    def close(self) -> None:
-        if self.live is not None:
-            self.live.stop()
-            self.live = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,7 +240,7 @@ class RunLog:
         self.progress = None
         if progress:
             stream = progress_stream or sys.stderr
-            self.progress = _Progress(total_steps, stream, progress_every_s)
+            self.progress = Progress(total_steps, stream, progress_every_s)
 
     def _init_wandb(self, config_dict: dict, mode: str, project: str):
         # Everything wandb writes (runs, cache, settings, artifacts staging) stays in the run

@@ -118,10 +118,45 @@ def value_problems(cfg: Config) -> list[str]:
                      f"{r.policy!r}{' (one phase)' if r.policy == 'hora' else ''}: only stages "
                      "that stop at a correct answer (stop_on_correct, aero's rescue rounds, "
                      "hora.two_phase's second phase) have samples to abort")
+    found += _shape_problems(cfg)
     found += _task_problems(cfg)
     found += _loss_problems(cfg)
     found += _weight_sync_problems(cfg)
     found += _update_problems(cfg)
+    return found
+
+
+def _shape_problems(cfg: Config) -> list[str]:
+    """Counts and sizes the run's shape needs: steps, actors, ranks, groups, heartbeats."""
+    found = []
+    if cfg.run.steps < 1:
+        found.append("run.steps must be >= 1")
+    if cfg.max_staleness < 0:
+        found.append("max_staleness must be >= 0")
+    if cfg.rollout.group_size < 2:
+        found.append("rollout.group_size must be >= 2 (a group needs a baseline)")
+    if cfg.task.kind == "arithmetic" and len(cfg.task.levels) != len(cfg.task.level_weights):
+        found.append("task.level_weights must have one weight per entry of task.levels")
+    ws = cfg.warm_start.level_weights
+    if ws is not None and len(ws) != len(cfg.task.levels):
+        found.append("warm_start.level_weights must have one weight per entry of task.levels")
+    if cfg.task.kind == "file" and not cfg.task.train_path:
+        found.append("task.train_path is required when task.kind is 'file'")
+    if cfg.actors.count < 1:
+        found.append("actors.count must be >= 1")
+    if cfg.learner.ranks < 1:
+        found.append("learner.ranks must be >= 1")
+    if cfg.learner.ranks > 1 and cfg.optim.zero_stage == 3:
+        found.append("learner.ranks > 1 with optim.zero_stage 3 is not supported: evaluation and "
+                     "weight publishing run on rank 0 alone, which needs every parameter whole "
+                     "there (use ZeRO stage 0-2)")
+    if cfg.actors.heartbeat_timeout_s <= cfg.actors.heartbeat_s:
+        found.append("actors.heartbeat_timeout_s must exceed actors.heartbeat_s")
+    if cfg.actors.max_restarts < 0:
+        found.append("actors.max_restarts must be >= 0")
+    if cfg.rollout.policy == "hora" and cfg.rollout.group_size < cfg.hora.k_min:
+        found.append("rollout.group_size must be >= hora.k_min (the per-prompt budget must give "
+                     "every prompt k_min responses)")
     return found
 
 

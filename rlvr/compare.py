@@ -23,7 +23,8 @@ import re
 from pathlib import Path
 
 from learner.plots import draw, new_axes, save_png, series
-from learner.run_log import fmt_duration, is_scalar, read_metrics
+from learner.progress import fmt_duration, is_scalar
+from learner.run_log import read_metrics
 from rlvr.bench.reduce import run_throughput, total, training_rows, values
 
 _EVAL_AVG = re.compile(r"^eval/avg@(\d+)$")

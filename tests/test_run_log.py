@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from learner.run_log import RunLog, format_progress, read_metrics
+from learner.progress import format_progress
+from learner.run_log import RunLog, read_metrics
 
 
 def quiet_log(run_dir, **kwargs) -> RunLog:

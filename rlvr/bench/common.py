@@ -18,7 +18,8 @@ import shutil
 import time
 from pathlib import Path
 
-from learner.run_log import is_scalar, read_metrics, write_json_atomic
+from learner.progress import is_scalar
+from learner.run_log import read_metrics, write_json_atomic
 
 ARGS_FILE = "bench_args.json"
 LAUNCH_FILE = "bench_launch.json"
