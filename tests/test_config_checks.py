@@ -84,8 +84,9 @@ def test_sync_every_within_the_staleness_bound_or_with_a_keeping_policy_is_accep
 
 
 def test_every_problem_is_listed_at_once():
-    text = refusal("run.eval_every=0", "rollout.top_p=0.5")
+    text = refusal("run.eval_every=0", "rollout.top_p=0.5", "actors.count=0", "run.steps=0")
     assert "'run.eval_every'" in text and "'rollout.top_p'" in text
+    assert "actors.count must be >= 1" in text and "run.steps must be >= 1" in text
 
 
 def test_the_old_staged_rollout_policy_is_refused_naming_stop_on_correct(tmp_path):
