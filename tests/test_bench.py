@@ -85,7 +85,10 @@ def test_plan_predicts_real_runs_from_the_sync_runs_measurements(tiny_model, tmp
         assert finite(m["measured"]["steps_per_min"]) and finite(m["error"]), mode
     assert r["modes"]["sync"]["predicted"]["stale_max"] == 0
     assert r["contention"]["actor_slowdown"] > 0 and r["contention"]["learner_slowdown"] > 0
-    assert r["costs"]["items"] >= 5 and r["costs"]["item_s"] > 0
+    assert r["costs"]["items"] >= 5 and r["costs"]["G_s"] > 0
+    probe = r["costs"]["decode_probe"]  # measured on the sync run's engine, kept in the run
+    assert probe["row_s"] >= 0 and probe["step_s"] >= 0 and probe["decode_points"]
+    assert (Path(r["measurement_run"]) / "plan" / "decode_cost.json").exists()
     assert_targets_block(r)
     # the planner's own command on the measurement run: a table and a recommendation
     done = run_rlvr("plan", r["measurement_run"], "--actors", "1,2", "--learner-ranks", "1",

@@ -13,13 +13,16 @@ import numpy as np
 import pytest
 
 from protocol.config import load_config, write_resolved
-from rlvr.plan.measure import measure
-from rlvr.plan.model import ItemRecord, features, fit_generation, nnls
+from rlvr.plan.measure import DECODE_COST_FILE, measure
+from rlvr.plan.model import ItemRecord, fit_generation
 from rlvr.plan.report import plan, recommend, report
+from rlvr.plan.sim import Split, simulate
 from tests.conftest import TINY, run_rlvr
 
-COSTS = (0.004, 0.01, 0.002, 0.0001, 0.0002)  # per item, call, step of max length, token, resp
-UPDATE, BROADCAST, REST, GAP = 0.08, 0.005, 0.02, 0.003
+UPDATE, BROADCAST, REST, WAIT = 0.08, 0.005, 0.02, 0.2
+PROBE = {"step_s": 0.004, "row_s": 5e-5, "prefill_s": 0.0, "prefill_row_s": 4e-4,
+         "max_batch": 512}
+LENGTHS = [3, 3.5, 4, 4.5, 5, 5.5, 6, 6.5, 7, 7.5, 8]
 
 
 def synthetic_item(rng: random.Random) -> tuple[float, list]:
@@ -32,61 +35,80 @@ def synthetic_item(rng: random.Random) -> tuple[float, list]:
             break
         lengths = [rng.randint(3, 8) for _ in range(4 * active)]
         stages.append([active, 4 * active, max(lengths), sum(lengths)])
-    return float(np.dot(COSTS, features(stages))), stages
+    return 0.05, stages
 
 
-def write_sync_run(run_dir, steps: int = 60, seed: int = 0):
+def write_sync_run(run_dir, steps: int = 60, seed: int = 0, probe: dict | None = PROBE):
+    """A sync run whose learner waits WAIT s a step for its groups, with the decode probe's
+    result already kept in it (as `rlvr plan` leaves it after measuring)."""
     cfg = load_config(TINY, ["mode=sync", f"run.steps={steps}", "model.path=/nonexistent"])
     write_resolved(cfg, run_dir)
     rng = random.Random(seed)
     rows = [{"step": 0, "time_s": 0.0}]
     for step in range(1, steps + 1):
         items = [synthetic_item(rng) for _ in range(4)]
-        idle = sum(s for s, _ in items) + 4 * GAP
+        idle = WAIT + rng.uniform(-0.01, 0.01)
         tokens = 600 + rng.randint(-50, 50)
         update = UPDATE + 0.0001 * (tokens - 600)
         rows.append({"step": step, "time_s": step * 0.3, "perf/learner_idle_s": idle,
                      "timing/update": update, "perf/train_tokens_per_s": tokens / update,
                      "timing/sync": BROADCAST, "perf/step_time": idle + update + BROADCAST + REST,
-                     "gen/work_items": [[s, 8, st] for s, st in items],
-                     "resp/len_q": [3, 3.5, 4, 4.5, 5, 5.5, 6, 6.5, 7, 7.5, 8],
+                     "gen/work_items": [[s, 8, st] for s, st in items], "resp/len_q": LENGTHS,
                      "perf/actor_gen_s": sum(s for s, _ in items), "stale/max": 0})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if probe is not None:
+        (run_dir / DECODE_COST_FILE).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / DECODE_COST_FILE).write_text(json.dumps(probe))
     return run_dir
 
 
-def test_nnls_recovers_non_negative_coefficients():
-    rng = np.random.default_rng(0)
-    a = rng.uniform(0, 5, (40, 5))
-    x = np.array([0.5, 0.0, 2.0, 0.0, 1.0])
-    assert np.allclose(nnls(a, a @ x), x, atol=1e-9)
-    # a negative least-squares coefficient is clipped to its best non-negative support
-    assert (nnls(a, a @ np.array([1.0, -1.0, 0, 0, 0])) >= 0).all()
-
-
-def test_the_generation_model_reproduces_the_runs_items():
+def test_the_generation_model_draws_the_runs_stages_and_lengths():
     rng = random.Random(1)
     items = [synthetic_item(rng) for _ in range(300)]
     records = [ItemRecord(s, 8, tuple(tuple(x) for x in st)) for s, st in items]
-    model = fit_generation(records, [[3, 3.5, 4, 4.5, 5, 5.5, 6, 6.5, 7, 7.5, 8]], [50.0], 8)
+    model = fit_generation(records, [LENGTHS], [50.0])
     assert model.stay_rate[0] == 1.0 and model.stay_rate[1] == pytest.approx(0.4, abs=0.05)
     assert model.responses_per_active == (4.0, 4.0)
-    assert model.scale == pytest.approx(1.0, abs=0.05)  # the linear form fits these items
-    measured = np.mean([s for s, _ in items])
-    assert model.mean_item_s(8) == pytest.approx(measured, rel=0.01)
+    plans = [model(rng) for _ in range(4000)]
+    assert np.mean([len(p.stages) == 2 for p in plans]) == pytest.approx(model.stay_rate[1],
+                                                                       abs=0.025)
+    assert all(len(stage) == 4 for p in plans for stage in p.stages)
+    drawn = [n for p in plans for stage in p.stages for n in stage]
+    assert min(drawn) >= 3 and max(drawn) <= 8 and np.mean(drawn) == pytest.approx(5.5, abs=0.1)
     with pytest.raises(ValueError, match="too few"):
-        fit_generation(records[:3], [[1] * 11], [1.0], 8)
+        fit_generation(records[:3], [[1] * 11], [1.0])
 
 
-def test_measure_reads_the_learner_and_generation_costs_of_a_sync_run(tmp_path):
+def test_measure_reads_the_learner_costs_and_calibrates_the_actor_on_the_sync_run(tmp_path):
     m = measure(write_sync_run(tmp_path / "run"))
     assert (m.mode, m.max_staleness, m.actors, m.notes) == ("sync", 0, 1, [])
     assert m.learner.update_s == pytest.approx(UPDATE, rel=0.02)
     assert m.learner.update_s_per_token == pytest.approx(0.0001, rel=0.05)
     assert m.learner.broadcast_s == pytest.approx(BROADCAST)
     assert m.learner.fixed_s == pytest.approx(REST)
-    assert m.generation.gap_s == pytest.approx(GAP)
     assert (m.workload.prompts_per_step, m.workload.prompts_per_work) == (32, 8)
+    # the probe's costs plus the calibrated loop overhead replay the run's wait per step
+    assert m.overhead_s > 0 and m.decode.step_s == pytest.approx(PROBE["step_s"] + m.overhead_s)
+    assert (m.decode.row_s, m.decode.prefill_row_s) == (PROBE["row_s"], PROBE["prefill_row_s"])
+    replay = simulate(Split(1), m.workload, m.learner, m.generation, m.decode, steps=100, seed=1)
+    assert replay.gather_s_per_step == pytest.approx(WAIT, rel=0.03)
+    assert m.gen_s_per_step == pytest.approx(WAIT, rel=0.03)
+
+
+def test_a_probe_slower_than_the_run_is_scaled_to_it_and_said(tmp_path):
+    slow = {**PROBE, "step_s": 0.1}
+    m = measure(write_sync_run(tmp_path / "run", probe=slow))
+    assert m.overhead_s == 0.0 and 0 < m.decode_scale < 1
+    assert m.decode.step_s == pytest.approx(0.1 * m.decode_scale)
+    assert m.decode.row_s == pytest.approx(PROBE["row_s"] * m.decode_scale)
+    assert m.gen_s_per_step == pytest.approx(WAIT, rel=0.03)
+    assert any("scaled by" in n for n in m.notes)
+
+
+def test_a_damaged_decode_probe_file_is_refused_naming_it(tmp_path):
+    run = write_sync_run(tmp_path / "run", probe={"step_s": "fast"})
+    with pytest.raises(ValueError, match="decode_cost.json"):
+        measure(run)
 
 
 def test_plan_predicts_the_run_itself_and_recommends_a_split_per_budget(tmp_path):
@@ -99,7 +121,9 @@ def test_plan_predicts_the_run_itself_and_recommends_a_split_per_budget(tmp_path
     assert rows[(2, 2)]["steps_per_min"] > rows[(1, 2)]["steps_per_min"] > rows[(1, 0)][
         "steps_per_min"]
     assert all(r["stale_max"] <= r["max_staleness"] for r in result["rows"])
-    assert all(r["steps_per_min"] <= r["bound_steps_per_min"] * 1.02 for r in result["rows"])
+    # in sync, actors split the step's requests: never faster than G / A + T
+    assert all(r["steps_per_min"] <= r["bound_steps_per_min"] * 1.02 for r in result["rows"]
+               if r["max_staleness"] == 0)
     best = result["recommended"]
     assert set(best) == {2, 3, 5} and best[5]["actors"] == 4
     text = report(result)
@@ -129,11 +153,30 @@ def test_rlvr_plan_prints_the_table_and_writes_plan_json(tmp_path):
     run = write_sync_run(tmp_path / "run")
     done = run_rlvr("plan", str(run), "--actors", "1,2", "--learner-ranks", "1",
                     "--max-staleness", "0,1", "--steps", "60", "--seeds", "1",
-                    "--shared-cores", "2", "--slowdown", "1.3,1.5")
+                    "--shared-cores", "2", "--slowdown", "1.3,1.5",
+                    "--inflight-update", "finish,continue")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "| actors | learner ranks | schedule | steps/min |" in done.stdout
-    assert "share 2 cores" in done.stdout
+    assert "share 2 cores" in done.stdout and "async S=1, continue" in done.stdout
     saved = json.loads((run / "plan" / "plan.json").read_text())
-    assert len(saved["rows"]) == 4 and saved["machine"]["learner_slowdown"] == 1.5
+    # per actor count: one sync row (nothing in flight at its syncs), async under each policy
+    assert len(saved["rows"]) == 6 and saved["machine"]["learner_slowdown"] == 1.5
+    bad = run_rlvr("plan", str(run), "--inflight-update", "later")
+    assert bad.returncode != 0 and "--inflight-update" in bad.stderr
     bad = run_rlvr("plan", str(run), "--actors", "0")
     assert bad.returncode != 0 and "--actors" in bad.stderr
+
+
+def test_the_decode_probe_measures_that_rows_share_a_step_on_the_real_engine(tiny_model, tmp_path):
+    """The batching the actor model relies on, measured on the HF engine and the tiny model."""
+    from rlvr.plan.decode_probe import measure_decode_cost
+
+    cfg = load_config(TINY, [f"model.path={tiny_model}", "actors.max_batch=64"])
+    write_resolved(cfg, tmp_path)
+    probe = measure_decode_cost(tmp_path, repeats=1)
+    assert probe["max_batch"] == 64 and probe["engine"] == "hf"
+    assert {n for n, _ in probe["prefill_points"]} == {1, 2, 4, 8, 16, 32, 64}
+    assert all(probe[k] >= 0 for k in ("step_s", "row_s", "prefill_s", "prefill_row_s"))
+    one = np.mean([t for n, t in probe["decode_points"] if n == 1])
+    full = np.mean([t for n, t in probe["decode_points"] if n == 64])
+    assert full < 64 * one / 4  # a step of 64 rows costs far less than 64 steps of one

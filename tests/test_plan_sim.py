@@ -1,4 +1,9 @@
-"""The schedule simulator behind `rlvr plan` (rlvr/plan/sim.py): exact cases and properties.
+"""The schedule simulator behind `rlvr plan` (rlvr/plan/sim.py, stream_actor.py): exact cases
+and properties.
+
+Most cases cost a request per row only (DecodeCost(step_s=0, row_s=...)): then batching buys
+nothing and a step's generation is a known number of seconds however the requests overlap. The
+batching cases give a decode step a fixed cost instead.
 
 Run: .venv/bin/pytest tests/test_plan_sim.py -q
 """
@@ -11,112 +16,192 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlvr.plan.sim import Item, LearnerCosts, Machine, Split, Workload, fixed_items, simulate
+from rlvr.plan.sim import (DecodeCost, LearnerCosts, Machine, PromptPlan, Split, Workload,
+                           fixed_prompts, simulate)
 
 T_FIXED, T_UPDATE, BROADCAST = 0.03, 0.07, 0.004
 COSTS = LearnerCosts(fixed_s=T_FIXED, update_s=T_UPDATE, broadcast_s=BROADCAST)
 T = T_FIXED + T_UPDATE + BROADCAST
 WORK = Workload(prompts_per_step=32, prompts_per_work=8)
+ONE_STEP = fixed_prompts(length=2)  # one sample, one decode step after its prefill
+PER_PROMPT = 0.008  # seconds of one such sample when cost is per row: 0.256 s for 32 prompts
+G = 32 * PER_PROMPT
+ROWS_ONLY = DecodeCost(step_s=0.0, row_s=PER_PROMPT)
 
 
-def jittered(mean_s: float, spread: float):
-    """Work items of uniformly varying length (what variable response lengths do)."""
-    def draw(rng: random.Random, prompts: int) -> Item:
-        return Item(rng.uniform(mean_s * (1 - spread), mean_s * (1 + spread)), (5.0,) * prompts)
+def jittered(lo: int, hi: int):
+    """One sample per prompt of 1 + uniform(lo, hi) tokens (variable response lengths)."""
+    def draw(rng: random.Random) -> PromptPlan:
+        return PromptPlan(((1 + rng.randint(lo, hi),),), 5.0)
     return draw
 
 
 def test_sync_with_one_actor_takes_generation_then_training():
-    r = simulate(Split(actors=1), WORK, COSTS, fixed_items(0.064), steps=100)
-    g = 4 * 0.064  # 32 prompts in items of 8, one after another
-    assert r.steps_per_min == pytest.approx(60 / (g + T))
-    assert r.gather_s_per_step == pytest.approx(g)
-    assert r.learner_busy_frac == pytest.approx(T / (g + T))
+    r = simulate(Split(actors=1), WORK, COSTS, ONE_STEP, ROWS_ONLY, steps=100)
+    assert r.steps_per_min == pytest.approx(60 / (G + T))
+    assert r.gather_s_per_step == pytest.approx(G)
+    assert r.learner_busy_frac == pytest.approx(T / (G + T))
     assert (r.stale_max, r.stale_mean, r.dropped_groups) == (0, 0.0, 0)
 
 
 def test_async_with_one_busy_actor_runs_at_the_actors_pace_plus_its_broadcasts():
-    # generation-bound: the actor never idles; per step it does 4 items and joins a broadcast
-    r = simulate(Split(actors=1, max_staleness=2), WORK, COSTS, fixed_items(0.064), steps=200)
-    assert r.steps_per_min == pytest.approx(60 / (4 * 0.064 + BROADCAST))
+    r = simulate(Split(actors=1, max_staleness=2), WORK, COSTS, ONE_STEP, ROWS_ONLY, steps=200)
+    assert r.steps_per_min == pytest.approx(60 / (G + BROADCAST), rel=0.01)
     assert r.actor_busy_frac > 0.95
-    # the learner waits in each broadcast for the item in progress: what async pays for syncs
-    assert r.sync_s_per_step > BROADCAST
-    assert r.stale_max == 1  # a lone actor never gets further ahead than one version
+    assert r.stale_max >= 1
+
+
+def test_a_decode_step_costs_the_same_for_all_rows_it_holds():
+    """Continuous batching: every request of the step decodes in the same engine steps."""
+    per_step = DecodeCost(step_s=0.01)
+    r = simulate(Split(1), WORK, COSTS, fixed_prompts(length=9, samples=4), per_step, steps=50)
+    assert r.gather_s_per_step == pytest.approx(8 * 0.01)  # 128 rows, 8 decode steps
+    two_stages = fixed_prompts(length=9, samples=4, stages=2)
+    r = simulate(Split(1), WORK, COSTS, two_stages, per_step, steps=50)
+    assert r.gather_s_per_step == pytest.approx(2 * 8 * 0.01)  # a stage starts when one ends
+
+
+def test_requests_beyond_the_engines_batch_wait_for_room():
+    narrow = DecodeCost(step_s=0.01, max_batch=32)
+    r = simulate(Split(1), WORK, COSTS, fixed_prompts(length=9, samples=4), narrow, steps=50)
+    assert r.gather_s_per_step == pytest.approx(4 * 8 * 0.01)  # 128 rows in waves of 32
+
+
+def test_starting_requests_costs_their_prefill_once():
+    cost = DecodeCost(step_s=0.0, prefill_s=0.002, prefill_row_s=0.001)
+    r = simulate(Split(1), WORK, COSTS, ONE_STEP, cost, steps=50)
+    # the whole step is admitted at once: one engine step starts all 32 requests
+    assert r.gather_s_per_step == pytest.approx(0.002 + 32 * 0.001)
+
+
+def test_a_larger_bound_batches_more_requests_and_goes_faster():
+    """What the item-by-item model missed: with a decode step's cost mostly fixed, admitting
+    more prompts at once makes each sample cheaper, so the pace keeps rising with the bound."""
+    batching = DecodeCost(step_s=0.01, row_s=1e-5)
+    gen = fixed_prompts(length=9, samples=4)
+    rates = [simulate(Split(1, max_staleness=s), Workload(32, 8), COSTS, gen, batching,
+                      steps=200).steps_per_min for s in (0, 1, 2, 4)]
+    assert rates[0] < rates[1] < rates[2] <= rates[3] * 1.001, rates
+    stale = [simulate(Split(1, max_staleness=s), Workload(32, 8), COSTS, gen, batching,
+                      steps=200).stale_max for s in (1, 2, 4)]
+    assert stale == [1, 2, 4]
+
+
+def test_a_sync_waits_for_the_requests_running_and_starts_no_new_ones():
+    slow = fixed_prompts(length=41)  # 40 decode steps
+    r = simulate(Split(1, max_staleness=2), WORK, COSTS, slow, DecodeCost(step_s=0.005),
+                 steps=100)
+    assert r.sync_s_per_step > BROADCAST + 0.01  # the learner waited in each broadcast
+
+
+def test_continue_and_abort_take_weights_at_once_and_abort_pays_the_dropped_tokens():
+    slow = fixed_prompts(length=41)
+    cost = DecodeCost(step_s=0.005)
+    runs = {p: simulate(Split(1, max_staleness=2, inflight_update=p), WORK, COSTS, slow, cost,
+                        steps=100) for p in ("finish", "continue", "abort")}
+    assert runs["continue"].sync_s_per_step == pytest.approx(BROADCAST)
+    assert runs["abort"].sync_s_per_step == pytest.approx(BROADCAST)
+    assert runs["finish"].sync_s_per_step > BROADCAST + 0.01
+    # generation-bound: what abort drops is generated again; continue wastes nothing
+    assert runs["abort"].steps_per_min < runs["continue"].steps_per_min
+    assert runs["continue"].steps_per_min > runs["finish"].steps_per_min
+    for r in runs.values():
+        assert r.stale_max <= 2
+
+
+def test_under_continue_requests_that_outlive_the_bound_are_dropped_when_consumed():
+    """A request keeps its oldest token's version while the learner steps on without waiting
+    for it: a long one comes back staler than the bound and is dropped (what the real runs
+    show on long answers); under finish the learner waits for it at the sync instead."""
+    varied = jittered(1, 80)
+    cost = DecodeCost(step_s=0.004, row_s=1e-5)
+    finish, cont = (simulate(Split(1, max_staleness=1, inflight_update=p), WORK, COSTS, varied,
+                             cost, steps=200) for p in ("finish", "continue"))
+    assert finish.dropped_groups == 0 and cont.dropped_groups > 200
+    assert finish.stale_max <= 1 and cont.stale_max <= 1  # what is trained keeps the bound
 
 
 def test_with_generation_free_the_learner_sets_the_pace():
+    free = DecodeCost(step_s=0.0)
     for split in (Split(1), Split(3, max_staleness=2), Split(2, max_staleness=0)):
-        r = simulate(split, WORK, COSTS, fixed_items(0.0), steps=100)
+        r = simulate(split, WORK, COSTS, ONE_STEP, free, steps=100)
         assert r.steps_per_min == pytest.approx(60 / T)
         assert r.learner_busy_frac == pytest.approx(1.0)
 
 
 def test_learner_ranks_share_the_update():
-    fast_gen = fixed_items(0.0)
-    one = simulate(Split(1, learner_ranks=1), WORK, COSTS, fast_gen, steps=50)
-    two = simulate(Split(1, learner_ranks=2), WORK, COSTS, fast_gen, steps=50)
+    free = DecodeCost(step_s=0.0)
+    one = simulate(Split(1, learner_ranks=1), WORK, COSTS, ONE_STEP, free, steps=50)
+    two = simulate(Split(1, learner_ranks=2), WORK, COSTS, ONE_STEP, free, steps=50)
     assert 60 / two.steps_per_min == pytest.approx(T_FIXED + T_UPDATE / 2 + BROADCAST)
     assert two.steps_per_min > one.steps_per_min
 
 
 def test_enough_actors_make_the_learner_the_bottleneck():
-    r = simulate(Split(actors=4, max_staleness=1), WORK, COSTS, fixed_items(0.064), steps=200)
+    r = simulate(Split(actors=4, max_staleness=1), WORK, COSTS, ONE_STEP, ROWS_ONLY, steps=200)
     assert r.steps_per_min == pytest.approx(60 / T, rel=0.01)
     assert r.learner_busy_frac == pytest.approx(1.0, abs=0.01)
 
 
 def test_weights_published_every_other_step_let_groups_go_stale_and_drop():
     r = simulate(Split(actors=2, max_staleness=1), Workload(32, 8, sync_every=2), COSTS,
-                 fixed_items(0.064), steps=100)
+                 ONE_STEP, ROWS_ONLY, steps=100)
     assert r.dropped_groups > 0  # consumption rule: staler than the bound -> dropped
     assert r.stale_max <= 1  # what is trained stays within the bound
 
 
 def test_bad_splits_are_refused():
     with pytest.raises(ValueError, match="actors >= 1"):
-        simulate(Split(actors=0), WORK, COSTS, fixed_items(0.1))
+        simulate(Split(actors=0), WORK, COSTS, ONE_STEP, ROWS_ONLY)
     with pytest.raises(ValueError, match="prompts_per_work"):
-        simulate(Split(actors=1), Workload(32, 0), COSTS, fixed_items(0.1))
+        simulate(Split(actors=1), Workload(32, 0), COSTS, ONE_STEP, ROWS_ONLY)
+    with pytest.raises(ValueError, match="inflight_update"):
+        simulate(Split(1, 2, 2, "later"), WORK, COSTS, ONE_STEP, ROWS_ONLY)
 
 
 splits = st.builds(Split, actors=st.integers(1, 5), learner_ranks=st.integers(1, 3),
-                   max_staleness=st.integers(0, 4))
+                   max_staleness=st.integers(0, 4),
+                   inflight_update=st.sampled_from(["finish", "continue", "abort"]))
 workloads = st.builds(Workload, prompts_per_step=st.sampled_from([4, 8, 12, 32]),
                       prompts_per_work=st.sampled_from([1, 3, 4, 8]),
                       sync_every=st.just(1))
 costs = st.builds(LearnerCosts, fixed_s=st.floats(0, 0.05), update_s=st.floats(0, 0.2),
                   broadcast_s=st.floats(0, 0.03))
-gens = st.tuples(st.floats(0.001, 0.2), st.floats(0, 0.9))
+decodes = st.builds(DecodeCost, step_s=st.floats(0, 0.02), row_s=st.floats(0, 0.002),
+                    prefill_row_s=st.floats(0, 0.002), max_batch=st.sampled_from([4, 64, 512]))
+lengths = st.tuples(st.integers(1, 4), st.integers(4, 30))
 
 
 @settings(max_examples=40, deadline=None)
-@given(split=splits, work=workloads, cost=costs, gen=gens, seed=st.integers(0, 3))
-def test_the_staleness_reached_never_exceeds_the_bound(split, work, cost, gen, seed):
-    r = simulate(split, work, cost, jittered(*gen), steps=60, seed=seed)
+@given(split=splits, work=workloads, cost=costs, decode=decodes, gen=lengths,
+       seed=st.integers(0, 3))
+def test_the_staleness_reached_never_exceeds_the_bound(split, work, cost, decode, gen, seed):
+    r = simulate(split, work, cost, jittered(*gen), decode, steps=60, seed=seed)
     assert r.stale_max <= split.max_staleness
-    assert r.dropped_groups == 0  # weights every step: admission alone keeps within the bound
     if split.max_staleness == 0:
         assert r.stale_hist[0] == sum(r.stale_hist)
 
 
 @settings(max_examples=40, deadline=None)
-@given(split=splits, work=workloads, cost=costs, gen=gens, seed=st.integers(0, 3))
-def test_no_split_beats_the_overlap_bound(split, work, cost, gen, seed):
-    """A step cannot be shorter than the learner's own work, nor than the step's generation
-    spread perfectly over the actors."""
-    mean_s, _ = gen
-    r = simulate(split, work, cost, fixed_items(mean_s), steps=80, seed=seed)
+@given(split=splits, work=workloads, cost=costs, row_s=st.floats(1e-4, 0.02),
+       seed=st.integers(0, 3))
+def test_without_batching_no_split_beats_the_overlap_bound(split, work, cost, row_s, seed):
+    """With a cost per row only, a step cannot be shorter than the learner's own work, nor than
+    the step's generation spread perfectly over the actors."""
+    r = simulate(split, work, cost, ONE_STEP, DecodeCost(0.0, row_s), steps=80, seed=seed,
+                 skip_first=8)
     t = cost.fixed_s + cost.update(split.learner_ranks, 0.0)
-    items_per_step = work.prompts_per_step / work.prompts_per_work  # at least, on average
-    floor_s = max(t, items_per_step * mean_s / split.actors)
-    assert r.steps_per_min <= 60 / floor_s * 1.02
+    floor_s = max(t, work.prompts_per_step * row_s / split.actors)
+    # the 72 measured steps may start with up to S + 1 steps' groups generated before them
+    window = 80 - 8
+    assert r.steps_per_min <= 60 / floor_s * window / (window - split.max_staleness - 1) * 1.02
 
 
 @settings(max_examples=25, deadline=None)
-@given(work=workloads, cost=costs, gen=gens, staleness=st.integers(0, 4), seed=st.integers(0, 3))
-def test_more_actors_never_lower_the_predicted_pace(work, cost, gen, staleness, seed):
-    rates = [simulate(Split(a, 1, staleness), work, cost, jittered(*gen), steps=120,
+@given(work=workloads, cost=costs, decode=decodes, gen=lengths, staleness=st.integers(0, 4),
+       seed=st.integers(0, 3))
+def test_more_actors_never_lower_the_predicted_pace(work, cost, decode, gen, staleness, seed):
+    rates = [simulate(Split(a, 1, staleness), work, cost, jittered(*gen), decode, steps=120,
                       seed=seed).steps_per_min for a in (1, 2, 3, 4)]
     assert all(b >= a * 0.97 for a, b in zip(rates, rates[1:])), rates
 
@@ -124,24 +209,24 @@ def test_more_actors_never_lower_the_predicted_pace(work, cost, gen, staleness, 
 def test_a_shared_machine_with_a_core_each_and_no_interference_is_the_cluster():
     shared = Machine(shared_cores=2, actor_slowdown=1.0, learner_slowdown=1.0)
     for s in (0, 2):
-        a = simulate(Split(1, max_staleness=s), WORK, COSTS, fixed_items(0.064), machine=shared)
-        b = simulate(Split(1, max_staleness=s), WORK, COSTS, fixed_items(0.064))
+        a = simulate(Split(1, max_staleness=s), WORK, COSTS, ONE_STEP, ROWS_ONLY, machine=shared)
+        b = simulate(Split(1, max_staleness=s), WORK, COSTS, ONE_STEP, ROWS_ONLY)
         assert a.steps_per_min == pytest.approx(b.steps_per_min)
 
 
-def test_on_one_shared_core_asynchrony_buys_nothing():
+def test_on_one_shared_core_asynchrony_buys_nothing_without_batching():
     one_core = Machine(shared_cores=1)
-    sync = simulate(Split(1), WORK, COSTS, fixed_items(0.064), machine=one_core)
+    sync = simulate(Split(1), WORK, COSTS, ONE_STEP, ROWS_ONLY, machine=one_core)
     for s in (1, 2, 4):
-        r = simulate(Split(1, max_staleness=s), WORK, COSTS, fixed_items(0.064),
+        r = simulate(Split(1, max_staleness=s), WORK, COSTS, ONE_STEP, ROWS_ONLY,
                      machine=one_core)
         assert r.steps_per_min <= sync.steps_per_min * 1.01
 
 
 def test_interference_slows_only_what_overlaps():
     slow = Machine(shared_cores=2, actor_slowdown=1.5, learner_slowdown=1.5)
-    sync = simulate(Split(1), WORK, COSTS, fixed_items(0.064), machine=slow)
-    assert sync.steps_per_min == pytest.approx(60 / (4 * 0.064 + T))  # they take turns
-    fast = simulate(Split(1, max_staleness=2), WORK, COSTS, fixed_items(0.064))
-    shared = simulate(Split(1, max_staleness=2), WORK, COSTS, fixed_items(0.064), machine=slow)
+    sync = simulate(Split(1), WORK, COSTS, ONE_STEP, ROWS_ONLY, machine=slow)
+    assert sync.steps_per_min == pytest.approx(60 / (G + T))  # they take turns
+    fast = simulate(Split(1, max_staleness=2), WORK, COSTS, ONE_STEP, ROWS_ONLY)
+    shared = simulate(Split(1, max_staleness=2), WORK, COSTS, ONE_STEP, ROWS_ONLY, machine=slow)
     assert sync.steps_per_min < shared.steps_per_min < fast.steps_per_min

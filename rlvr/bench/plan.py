@@ -5,9 +5,10 @@
 Trains the config once in `mode=sync` (the measurement run) and once in `mode=async` at each
 `--staleness` bound (same steps, evaluation only after the last step, as `rlvr bench throughput`
 does; finished runs are reused), then asks the planner (rlvr/plan/) to predict every one of them
-from the sync run's measurements alone: `measure` (work items, lengths, learner update and
-broadcast times) and `simulate` with the runs' own split (actors.count actors, learner.ranks
-ranks). Reported per run: measured steps/min and three predictions with their errors:
+from the sync run's measurements alone: `measure` (stages, lengths, learner update and
+broadcast times, the engine's decode step costs by rows from rlvr/plan/decode_probe.py, and the
+actor loop's own time per step calibrated so the simulated sync run waits as the run did) and
+`simulate` with the runs' own split (actors.count actors, learner.ranks ranks). Reported per run: measured steps/min and three predictions with their errors:
   - this machine: the simulator with actor and learner sharing this machine's cores, each
     slowed while the other computes by the factor rlvr/plan/contention.py measures here (two
     real processes running the run's generation and update, alone and together);
@@ -32,6 +33,7 @@ from rlvr.bench.common import (machine, markdown_table, run_overrides, targets_t
                                write_results)
 from rlvr.bench.reduce import run_throughput, target
 from learner.run_log import read_metrics
+from rlvr.plan.report import decode_line
 
 TOLERANCE = 0.10
 
@@ -53,7 +55,7 @@ def run(config: str, out_dir: Path, overrides: list[str], steps: int | None,
     for name, variant in variants.items():
         runs[name], launches[name] = train_run(config, out_dir, name,
                                                run_overrides(base, steps, variant))
-    m = measure(runs["sync"], skip_first=skip)
+    m = measure(runs["sync"], skip_first=skip)  # runs the decode probe once (kept in the run)
     print("bench: measuring how actor and learner slow each other on this machine", flush=True)
     contention = measure_slowdown(runs["sync"])
     shared = Machine(shared_cores=float(os.cpu_count() or 1),
@@ -63,7 +65,7 @@ def run(config: str, out_dir: Path, overrides: list[str], steps: int | None,
     for name, run_dir in runs.items():
         got = run_throughput(read_metrics(run_dir), cfg.actors.count, skip)
         s = 0 if name == "sync" else int(name.split("_s")[1])
-        split = Split(cfg.actors.count, cfg.learner.ranks, s)
+        split = Split(cfg.actors.count, cfg.learner.ranks, s, cfg.actors.inflight_update)
         here = predict(m, split, steps=cfg.run.steps, seeds=sim_seeds, machine=shared,
                        skip_first=skip)
         cluster = predict(m, split, steps=cfg.run.steps, seeds=sim_seeds, skip_first=skip)
@@ -78,8 +80,10 @@ def run(config: str, out_dir: Path, overrides: list[str], steps: int | None,
         "skip_first_steps": skip, "actors": cfg.actors.count, "learner_ranks": cfg.learner.ranks,
         "measurement_run": str(runs["sync"]), "notes": m.notes,
         "contention": contention, "shared_machine": vars(shared),
-        "costs": {"item_s": m.item_s_mean, "items": m.items, "learner": vars(m.learner),
-                  "generation_scale": m.generation.scale, "gap_s": m.generation.gap_s},
+        "costs": {"G_s": m.gen_s_per_step, "items": m.items, "learner": vars(m.learner),
+                  "decode": vars(m.decode), "decode_overhead_s": m.overhead_s,
+                  "decode_scale": m.decode_scale,
+                  "decode_probe": m.decode_probe},
         "runs": {n: str(d) for n, d in runs.items()}, "launches": launches,
         "modes": rows, "machine": machine(),
         "targets": {**{f"{name}_within_10pct": target(
@@ -123,10 +127,10 @@ def report(results: dict) -> str:
                             "learner busy (m / p)", "actor busy (m / p)", "sync s/step (m / p)",
                             "stale max (m / p)"], rows)
     c, k = results["costs"], results["contention"]
-    head = (f"measured in {results['measurement_run']}: {c['items']} work items, "
-            f"{c['item_s']:.4f} s each (model scale {c['generation_scale']:.2f}), learner "
-            f"update {c['learner']['update_s']:.4f} s, broadcast {c['learner']['broadcast_s']:.4f} "
-            f"s, rest {c['learner']['fixed_s']:.4f} s per step\n"
+    head = (f"measured in {results['measurement_run']}: generation {c['G_s']:.4f} s per step "
+            f"({c['items']} work items), learner update {c['learner']['update_s']:.4f} s, "
+            f"broadcast {c['learner']['broadcast_s']:.4f} s, rest {c['learner']['fixed_s']:.4f} s "
+            f"per step; {decode_line(c)}\n"
             f"this machine: {results['shared_machine']['shared_cores']:g} cores shared; computing "
             f"at once, the actor runs {k['actor_slowdown']:.2f}x and the learner "
             f"{k['learner_slowdown']:.2f}x slower than alone (rlvr/plan/contention.py); the "

@@ -3,25 +3,30 @@
 From RUN_DIR/config.yaml the step's shape (prompts per step and per work item, sync_every, the
 run's own split) and from RUN_DIR/metrics.jsonl, over the steady window (the first tenth of the
 steps and the last step left out, as `rlvr bench throughput` does):
-  - generation: every complete work item (`gen/work_items`: actor seconds, per engine call the
-    prompts, responses, longest response and tokens) and the response-length deciles
-    (`resp/len_q`), fitted into rlvr/plan/model.py's GenerationModel;
-  - the actor's time per item outside sampling (messages, encoding): in a sync run with one
-    actor the learner's wait for a step (`perf/learner_idle_s`) is the step's items back to back
-    plus that gap;
+  - generation: the stages of every work item (`gen/work_items`: per stage the prompts,
+    responses, longest response and tokens) and the response-length deciles (`resp/len_q`),
+    fitted into rlvr/plan/model.py's GenerationModel;
+  - the engine's cost per decode step by rows in flight and per request started: measured by
+    rlvr/plan/decode_probe.py with the run's engine and model on this machine, kept in
+    RUN_DIR/plan/decode_cost.json (measured once, reused);
+  - the actor loop's own time per decode step (messages, the verifier): in a sync run the
+    learner's wait for a step (`perf/learner_idle_s`) is the step's generation alone, so the
+    overhead is the one that makes the simulated sync run wait as long (bisection; a probe
+    slower than the run, on a busier machine, is scaled down instead);
   - the learner: update seconds (`timing/update`) against trained tokens (`perf/train_tokens_per_s`
     x `timing/update`), the weight broadcast (`timing/sync`; in a sync run the actors are idle,
     so it is the broadcast alone), and the rest of a step (step time - wait - update - sync -
     evaluation): bookkeeping.
 Only a sync run measures generation and the learner apart; an async run's sync time includes
-waiting for the actor's item in progress, and its waits overlap generation. `measure` says so
-in `notes`.
+waiting for the actor's requests in progress, and its waits overlap generation. `measure` says
+so in `notes`.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +34,9 @@ import numpy as np
 from learner.run_log import read_metrics
 from rlvr.bench.reduce import is_number, run_throughput, steady_window, step_train_tokens
 from rlvr.plan.model import GenerationModel, ItemRecord, fit_generation
-from rlvr.plan.sim import LearnerCosts, Workload
+from rlvr.plan.sim import DecodeCost, LearnerCosts, Split, Workload, simulate
+
+DECODE_COST_FILE = "plan/decode_cost.json"
 
 
 @dataclass
@@ -40,10 +47,22 @@ class Measurements:
     actors: int
     learner_ranks: int
     algorithm: str
+    inflight_update: str
+    """The run's actors.inflight_update (the plan's default)."""
     workload: Workload
     learner: LearnerCosts
     generation: GenerationModel
-    item_s_mean: float
+    decode: DecodeCost
+    """The probe's costs with the calibrated overhead in step_s."""
+    decode_probe: dict
+    """What rlvr/plan/decode_probe.py measured (without the overhead)."""
+    overhead_s: float
+    """The actor loop's own seconds per decode step, calibrated on the sync run (0 otherwise)."""
+    decode_scale: float
+    """1, or the factor the probe's costs were scaled by when they alone were slower than the
+    sync run (the machine busier during the probe)."""
+    gen_s_per_step: float
+    """G: a step's generation on one actor, as the (calibrated) model plays a sync run."""
     items: int
     measured: dict
     """The run's own throughput numbers (rlvr/bench/reduce.py run_throughput)."""
@@ -61,7 +80,9 @@ def item_records(rows: list[dict]) -> list[ItemRecord]:
             for r in rows for rec in (r.get("gen/work_items") or [])]
 
 
-def measure(run_dir: str | Path, skip_first: int | None = None) -> Measurements:
+def measure(run_dir: str | Path, skip_first: int | None = None,
+            decode_probe: dict | None = None) -> Measurements:
+    """The run's costs; `decode_probe` (rlvr/plan/decode_probe.py's result) skips the probe."""
     from protocol.config import load_config
 
     run_dir = Path(run_dir)
@@ -106,21 +127,91 @@ def measure(run_dir: str | Path, skip_first: int | None = None) -> Measurements:
     learner = LearnerCosts(fixed_s=max(0.0, _mean(other)), update_s=_mean(update),
                            update_s_per_token=per_token, mean_train_tokens=_mean(tokens),
                            broadcast_s=0.0 if math.isnan(broadcast) else broadcast)
-    per_step_items = [sum(rec[0] for rec in (r.get("gen/work_items") or [])) for r in window]
-    items_per_step = math.ceil(work.prompts_per_step / work.prompts_per_work)
-    gap = 0.0
-    if staleness == 0 and cfg.actors.count == 1:
-        waits = [r["perf/learner_idle_s"] for r in window if is_number(r.get("perf/learner_idle_s"))]
-        gap = max(0.0, (_mean(waits) - _mean(per_step_items)) / items_per_step)
-    else:
-        notes.append("the actor's time per item outside sampling (messages) is measured only in "
-                     "a sync run with one actor: taken as 0")
     train_per_group = [t / work.prompts_per_step for t in tokens if is_number(t)]
     lengths = [r["resp/len_q"] for r in window if isinstance(r.get("resp/len_q"), list)]
-    generation = fit_generation(items, lengths, train_per_group, work.prompts_per_work, gap)
-    full = [it.seconds for it in items if it.prompts == work.prompts_per_work]
+    generation = fit_generation(items, lengths, train_per_group)
+    probe = decode_probe if decode_probe is not None else load_or_probe(run_dir)
+    decode = DecodeCost(probe["step_s"], probe["row_s"], probe["prefill_s"],
+                        probe["prefill_row_s"], int(probe.get("max_batch", cfg.actors.max_batch)))
+    split = Split(cfg.actors.count, cfg.learner.ranks, 0)
+    waits = [r["perf/learner_idle_s"] for r in window if is_number(r.get("perf/learner_idle_s"))]
+    overhead, scale = 0.0, 1.0
+    if staleness == 0 and waits:
+        decode, overhead, scale = calibrate(split, work, learner, generation, decode,
+                                            _mean(waits))
+        if scale < 1.0:
+            notes.append(f"the decode probe's costs alone make the simulated sync run wait longer "
+                         f"than the run did ({_mean(waits):.4f} s per step): every decode cost "
+                         f"is scaled by {scale:.3f} (the machine was busier during the probe, or "
+                         "the run's engine costs differ from the probe's linear model)")
+    else:
+        notes.append("the actor loop's own time per decode step is calibrated only on a sync "
+                     "run: taken as 0")
+    gen_s = simulate(Split(1, cfg.learner.ranks, 0), work, replace(learner, fixed_s=0.0,
+                     update_s=0.0, update_s_per_token=0.0, broadcast_s=0.0), generation, decode,
+                     steps=100, seed=0).gather_s_per_step
     return Measurements(
         run_dir=str(run_dir), mode=cfg.mode, max_staleness=staleness, actors=cfg.actors.count,
-        learner_ranks=cfg.learner.ranks, algorithm=cfg.algorithm, workload=work, learner=learner,
-        generation=generation, item_s_mean=_mean(full) + gap, items=len(full),
+        learner_ranks=cfg.learner.ranks, algorithm=cfg.algorithm,
+        inflight_update=cfg.actors.inflight_update, workload=work, learner=learner,
+        generation=generation, decode=decode, decode_probe=probe, overhead_s=overhead,
+        decode_scale=scale,
+        gen_s_per_step=gen_s, items=len(items),
         measured=run_throughput(rows, cfg.actors.count, skip), notes=notes)
+
+
+def load_or_probe(run_dir: Path) -> dict:
+    """The decode probe's result for this run: RUN_DIR/plan/decode_cost.json, else measured now
+    (the run's engine and model on this machine) and kept there."""
+    path = run_dir / DECODE_COST_FILE
+    if path.exists():
+        try:
+            probe = json.loads(path.read_text())
+            return {k: float(probe[k]) for k in ("step_s", "row_s", "prefill_s",
+                                                  "prefill_row_s")} | probe
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: not a decode probe result ({e}); delete it to measure "
+                             "again") from None
+    from rlvr.plan.decode_probe import measure_decode_cost
+
+    print(f"plan: measuring the engine's decode step costs for {run_dir} "
+          "(rlvr/plan/decode_probe.py)", flush=True)
+    probe = measure_decode_cost(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(probe, indent=1) + "\n")
+    return probe
+
+
+def calibrate(split: Split, work: Workload, learner: LearnerCosts, generation: GenerationModel,
+              decode: DecodeCost, measured_wait_s: float) -> tuple[DecodeCost, float, float]:
+    """`decode` made to replay the measured sync run: the simulated run's wait per step for its
+    groups equals `measured_wait_s`. Returns (costs, overhead_s, scale): the actor loop's own
+    seconds added to every decode step, or, when the probe's costs alone already wait longer
+    (the machine was busier during the probe), every cost scaled by `scale` < 1. The wait
+    grows with either: bisection."""
+    def wait(cost: DecodeCost) -> float:
+        return simulate(split, work, learner, generation, cost, steps=100,
+                        seed=0).gather_s_per_step
+
+    def plus(extra: float) -> DecodeCost:
+        return replace(decode, step_s=decode.step_s + extra)
+
+    def times(k: float) -> DecodeCost:
+        return replace(decode, step_s=k * decode.step_s, row_s=k * decode.row_s,
+                       prefill_s=k * decode.prefill_s, prefill_row_s=k * decode.prefill_row_s)
+
+    if wait(decode) <= measured_wait_s:
+        lo, hi = 0.0, max(decode.step_s, 1e-4)
+        while wait(plus(hi)) < measured_wait_s:
+            lo, hi = hi, 2 * hi
+            if hi > 1e3:
+                raise ValueError(f"no decode overhead reaches the measured wait "
+                                 f"{measured_wait_s} s")
+        make = plus
+    else:
+        lo, hi, make = 0.0, 1.0, times
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if wait(make(mid)) < measured_wait_s else (lo, mid)
+    x = (lo + hi) / 2
+    return (make(x), x, 1.0) if make is plus else (make(x), 0.0, x)

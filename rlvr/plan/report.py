@@ -1,16 +1,19 @@
 """`rlvr plan RUN_DIR`: predicted steps/min of cluster splits, from one run's measured costs.
 
     rlvr plan runs/sync [--actors 1,2,4,8] [--learner-ranks 1,2] [--max-staleness 0,1,2,4]
-                        [--gpus N] [--steps 400] [--seeds 3] [--allreduce-s X] [--out DIR]
+                        [--inflight-update finish,continue,abort] [--gpus N] [--steps 400]
+                        [--seeds 3] [--allreduce-s X] [--out DIR]
 
 For every combination, the simulator (rlvr/plan/sim.py) plays the run's schedule with A actors
-and R learner ranks, each on a device of its own, and the generation model fitted to the run
-(rlvr/plan/model.py); the table gives steps/min (mean over seeds), the learner's and the actors'
-busy fractions, the weight-sync seconds per step and the staleness reached. Beside it,
-max(G / A, T) is the overlap bound most back-of-envelope plans use (G = a step's generation on
-one actor, T = the learner's own work); the simulation is below it by what the schedule costs
-(admission, work-item granularity, waits at weight syncs). For each GPU budget in the table (one
-device per actor and per learner rank) it recommends the split with the most steps/min, the
+and R learner ranks, each on a device of its own, the generation model fitted to the run
+(rlvr/plan/model.py) and the engine's measured decode costs (rlvr/plan/decode_probe.py, run
+once on this machine: plan where the actors' engine runs); the table gives steps/min (mean over
+seeds), the learner's and the actors' busy fractions, the weight-sync seconds per step and the
+staleness reached. Beside it, max(G / A, T) is the overlap bound most back-of-envelope plans use
+(G = a step's generation on one actor, T = the learner's own work); the simulation is below it
+by what the schedule costs (admission, stages, waits at weight syncs), and can exceed it when
+actors batch more requests at once than the measured run did. For each GPU budget in the table
+(one device per actor and per learner rank) it recommends the split with the most steps/min, the
 least staleness among equals.
 
 What the model assumes (separate devices, as on a cluster): actors never slow the learner or
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -38,14 +40,15 @@ def predict(m: Measurements, split: Split, steps: int = 400, seeds: int = 3,
             skip_first: int | None = None) -> dict:
     """Mean over seeds of the simulated rates for `split`, driven by `m`."""
     costs = replace(m.learner, allreduce_s=allreduce_s)
-    runs = [simulate(split, m.workload, costs, m.generation, steps=steps, seed=s,
+    runs = [simulate(split, m.workload, costs, m.generation, m.decode, steps=steps, seed=s,
                      skip_first=skip_first, machine=machine) for s in range(seeds)]
 
     def avg(name: str) -> float:
         return sum(getattr(r, name) for r in runs) / len(runs)
 
     return {"actors": split.actors, "learner_ranks": split.learner_ranks,
-            "max_staleness": split.max_staleness, "steps_per_min": avg("steps_per_min"),
+            "max_staleness": split.max_staleness, "inflight_update": split.inflight_update,
+            "steps_per_min": avg("steps_per_min"),
             "learner_busy_frac": avg("learner_busy_frac"),
             "actor_busy_frac": avg("actor_busy_frac"), "sync_s_per_step": avg("sync_s_per_step"),
             "stale_mean": avg("stale_mean"), "stale_max": max(r.stale_max for r in runs),
@@ -54,8 +57,7 @@ def predict(m: Measurements, split: Split, steps: int = 400, seeds: int = 3,
 
 def step_costs(m: Measurements, ranks: int = 1, allreduce_s: float = 0.0) -> tuple[float, float]:
     """(G, T): a step's generation on one actor and the learner's own work per step."""
-    items_per_step = math.ceil(m.workload.prompts_per_step / m.workload.prompts_per_work)
-    g = items_per_step * m.item_s_mean
+    g = m.gen_s_per_step
     t = (m.learner.fixed_s + m.learner.update(ranks, m.learner.mean_train_tokens)
          + m.learner.broadcast_s / m.workload.sync_every)
     return g, t + (allreduce_s if ranks > 1 else 0.0)
@@ -69,20 +71,33 @@ def overlap_bound_steps_per_min(m: Measurements, split: Split, allreduce_s: floa
 
 def plan(run_dir: str | Path, actors: list[int], ranks: list[int], staleness: list[int],
          steps: int = 400, seeds: int = 3, allreduce_s: float = 0.0,
-         gpus: int | None = None, machine: Machine = CLUSTER) -> dict:
+         gpus: int | None = None, machine: Machine = CLUSTER,
+         inflight: list[str] | None = None) -> dict:
     m = measure(run_dir)
-    rows = [predict(m, Split(a, r, s), steps, seeds, allreduce_s, machine)
-            for a, r, s in itertools.product(actors, ranks, staleness)]
+    policies = inflight or [m.inflight_update]
+    # in sync nothing is in flight when weights come: one row, whatever the policy
+    splits = [Split(a, r, s, p) for a, r, s, p in itertools.product(actors, ranks, staleness,
+                                                                      policies)
+              if s > 0 or p == policies[0]]
+    rows = [predict(m, split, steps, seeds, allreduce_s, machine) for split in splits]
     g, t = step_costs(m)
     return {"run_dir": str(run_dir), "measured": m.measured, "notes": m.notes,
-            "costs": {"G_s": g, "T_s": t, "item_s": m.item_s_mean, "items": m.items,
-                      "learner": asdict(m.learner), "generation_scale": m.generation.scale,
-                      "generation_costs": m.generation.costs,
+            "costs": {"G_s": g, "T_s": t, "items": m.items, "learner": asdict(m.learner),
+                      "decode": asdict(m.decode), "decode_overhead_s": m.overhead_s,
+                      "decode_scale": m.decode_scale,
                       "stay_rate": m.generation.stay_rate,
                       "responses_per_active": m.generation.responses_per_active},
             "run_split": {"actors": m.actors, "learner_ranks": m.learner_ranks,
                           "mode": m.mode, "max_staleness": m.max_staleness},
             "machine": asdict(machine), "rows": rows, "recommended": recommend(rows, gpus)}
+
+
+def decode_line(c: dict) -> str:
+    d = c["decode"]
+    return (f"an actor's decode step {1000 * d['step_s']:.2f} ms + {1000 * d['row_s']:.3f} ms per "
+            f"row (of it {1000 * c['decode_overhead_s']:.2f} ms the actor loop's own, calibrated), "
+            f"a request's start {1000 * d['prefill_row_s']:.3f} ms + "
+            f"{1000 * d['prefill_s']:.2f} ms per step that starts some")
 
 
 def recommend(rows: list[dict], gpus: int | None = None) -> dict[int, dict]:
@@ -101,8 +116,9 @@ def recommend(rows: list[dict], gpus: int | None = None) -> dict[int, dict]:
     return best
 
 
-def _mode(s: int) -> str:
-    return "sync" if s == 0 else f"async S={s}"
+def _mode(r: dict) -> str:
+    s, policy = r["max_staleness"], r.get("inflight_update", "finish")
+    return "sync" if s == 0 else f"async S={s}" + ("" if policy == "finish" else f", {policy}")
 
 
 def report(result: dict) -> str:
@@ -111,7 +127,7 @@ def report(result: dict) -> str:
     c, run = result["costs"], result["run_split"]
     base = next((r["steps_per_min"] for r in result["rows"] if r["actors"] == 1
                  and r["learner_ranks"] == 1 and r["max_staleness"] == 0), None)
-    rows = [[r["actors"], r["learner_ranks"], _mode(r["max_staleness"]), r["steps_per_min"],
+    rows = [[r["actors"], r["learner_ranks"], _mode(r), r["steps_per_min"],
              r["steps_per_min"] / base if base else None, r["bound_steps_per_min"],
              r["learner_busy_frac"], r["actor_busy_frac"], f"{r['sync_s_per_step']:.3f}",
              f"{r['stale_mean']:.2f}", r["stale_max"]] for r in result["rows"]]
@@ -120,12 +136,11 @@ def report(result: dict) -> str:
                             "sync s/step", "stale mean", "stale max"], rows)
     head = (f"measured in {result['run_dir']} ({run['mode']}, {run['actors']} actor(s), "
             f"{run['learner_ranks']} learner rank(s)): G = {c['G_s']:.3f} s of generation per "
-            f"step on one actor ({c['items']} work items, {c['item_s']:.4f} s each), T = "
-            f"{c['T_s']:.3f} s of learner work (update {c['learner']['update_s']:.3f}, "
-            f"broadcast {c['learner']['broadcast_s']:.4f}, rest {c['learner']['fixed_s']:.3f}); "
-            f"generation model scale {c['generation_scale']:.2f}\n")
+            f"step on one actor, T = {c['T_s']:.3f} s of learner work (update "
+            f"{c['learner']['update_s']:.3f}, broadcast {c['learner']['broadcast_s']:.4f}, rest "
+            f"{c['learner']['fixed_s']:.3f}); {decode_line(c)}\n")
     rec = "\n".join(f"- {b} GPUs: {r['actors']} actor(s) + {r['learner_ranks']} learner rank(s), "
-                    f"{_mode(r['max_staleness'])}: {r['steps_per_min']:.1f} steps/min"
+                    f"{_mode(r)}: {r['steps_per_min']:.1f} steps/min"
                     for b, r in result["recommended"].items())
     notes = "".join(f"note: {n}\n" for n in result["notes"])
     mach = result.get("machine") or {}
@@ -153,6 +168,10 @@ def run(args) -> int:
     actors = ints(args.actors, "--actors")
     ranks = ints(args.learner_ranks, "--learner-ranks")
     staleness = ints(args.max_staleness, "--max-staleness")
+    inflight = [p.strip() for p in (args.inflight_update or "").split(",") if p.strip()] or None
+    if inflight and not set(inflight) <= {"finish", "continue", "abort"}:
+        raise SystemExit(f"rlvr plan: --inflight-update: finish, continue or abort, "
+                         f"comma-separated, not {args.inflight_update!r}")
     if args.steps < 20 or args.seeds < 1:
         raise SystemExit("rlvr plan: --steps must be >= 20 and --seeds >= 1")
     slow = [float(v) for v in args.slowdown.split(",")]
@@ -164,7 +183,7 @@ def run(args) -> int:
     machine = Machine(args.shared_cores, slow[0], slow[-1])
     try:
         result = plan(args.run_dir, actors, ranks, staleness, args.steps, args.seeds,
-                      args.allreduce_s, args.gpus, machine)
+                      args.allreduce_s, args.gpus, machine, inflight)
     except ValueError as e:
         print(f"rlvr plan: {e}", flush=True)
         return 2
@@ -182,6 +201,9 @@ def add_cli(sub) -> None:
     p.add_argument("--actors", default="1,2,3,4,6,8", help="actor counts, comma-separated")
     p.add_argument("--learner-ranks", default="1,2", help="learner rank counts")
     p.add_argument("--max-staleness", default="0,1,2,4", help="bounds (0 = sync)")
+    p.add_argument("--inflight-update",
+                   help="actors.inflight_update policies to compare, comma-separated (finish, "
+                        "continue, abort; default: the run's own)")
     p.add_argument("--gpus", type=int, help="recommend only for this many devices")
     p.add_argument("--steps", type=int, default=400, help="simulated learner steps per split")
     p.add_argument("--seeds", type=int, default=3, help="simulations per split (averaged)")

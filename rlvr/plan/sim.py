@@ -10,14 +10,16 @@ The schedule it plays (README "How data flows"; ALGORITHMS.md 8.2):
     while the admission bound allows (`submitted + 1 <= (version + S + 1) * prompts_per_step`,
     S = max_staleness, 0 = sync), each to the actor with the fewest prompts in flight, and
     re-checks the bound whenever a work item comes back; it never admits while it trains;
-  - an actor runs its work items one after another (FIFO); a work item is the rollout policy's
-    engine calls (AR3PO: one per stage) and comes back whole, sampled with the weights the actor
-    held when it started it;
+  - an actor decodes every request it holds at once (rlvr/plan/stream_actor.py): each prompt's
+    stages run as soon as the engine has room, a decode step costs more with more rows, and a
+    prompt's group comes back the moment its last stage is done, counted as sampled by the
+    weights its first sample started under;
   - the learner takes the first `prompts_per_step` groups that came back, drops a group staler
     than S (its admission slot is freed), trains (fixed work + the update, which R data-parallel
     ranks share), and every `sync_every` steps publishes weights: every actor joins the
-    broadcast after the work item it is in the middle of (an idle one at once), and the
-    broadcast itself takes `broadcast_s` once all have joined;
+    broadcast once the requests it is decoding are done, starting no new ones meanwhile
+    (`actors.inflight_update: finish`; an idle one joins at once), and the broadcast itself
+    takes `broadcast_s` once all have joined;
   - by default actors and learner ranks compute on devices of their own (a cluster); with a
     `Machine(shared_cores=C, ...)` they share C cores: while k of them compute at once each
     runs at min(1, C / k) of its speed, divided by the slowdown measured for its role when
@@ -26,9 +28,10 @@ The schedule it plays (README "How data flows"; ALGORITHMS.md 8.2):
 Steps/min and the busy fractions are over the steady window (steps after the first
 `skip_first`), as `rlvr bench throughput` measures a run (rlvr/bench/reduce.py).
 
-    from rlvr.plan.sim import simulate, Split, Workload, LearnerCosts, fixed_items
+    from rlvr.plan.sim import simulate, Split, Workload, LearnerCosts, DecodeCost, fixed_prompts
     r = simulate(Split(actors=2, learner_ranks=1, max_staleness=2), Workload(32, 8),
-                 LearnerCosts(fixed_s=0.03, update_s=0.07, broadcast_s=0.005), fixed_items(0.064),
+                 LearnerCosts(fixed_s=0.03, update_s=0.07, broadcast_s=0.005),
+                 fixed_prompts(length=8, samples=4), DecodeCost(step_s=0.005, row_s=1e-4),
                  steps=200)
     print(r.steps_per_min, r.stale_max)
 """
@@ -39,6 +42,11 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from rlvr.plan.stream_actor import DecodeCost, PromptPlan, StreamActor
+
+__all__ = ["CLUSTER", "DecodeCost", "Generation", "LearnerCosts", "Machine", "PromptPlan",
+           "SimResult", "Split", "Workload", "fixed_prompts", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,9 @@ class Split:
     """Data-parallel learner ranks sharing each update."""
     max_staleness: int = 0
     """Admission bound S in policy versions; 0 is the synchronous schedule."""
+    inflight_update: str = "finish"
+    """How actors take new weights with requests running (actors.inflight_update): finish,
+    continue or abort."""
 
 
 @dataclass(frozen=True)
@@ -89,25 +100,16 @@ class LearnerCosts:
         return max(per_rank, 0.0) / ranks + (self.allreduce_s if ranks > 1 else 0.0)
 
 
-@dataclass(frozen=True)
-class Item:
-    """One work item as an actor experiences it."""
-
-    seconds: float
-    """Actor time: its engine calls, scoring and sending the groups back."""
-    train_tokens: tuple[float, ...]
-    """Per group of the item: response tokens that will be trained on (nonzero advantage)."""
+# rng -> one prompt's stages and sample lengths; rlvr/plan/model.py builds one from a run
+Generation = Callable[[random.Random], PromptPlan]
 
 
-# (rng, prompts in the item) -> the item; rlvr/plan/model.py builds one from a run
-Generation = Callable[[random.Random, int], Item]
-
-
-def fixed_items(seconds_per_item: float, train_tokens_per_group: float = 0.0) -> Generation:
-    """Every work item takes the same time (tests and back-of-envelope checks)."""
-    def draw(rng: random.Random, prompts: int) -> Item:
-        return Item(seconds_per_item, (train_tokens_per_group,) * prompts)
-    return draw
+def fixed_prompts(length: int, samples: int = 1, train_tokens: float = 0.0,
+                  stages: int = 1) -> Generation:
+    """Every prompt runs `stages` stages of `samples` samples of `length` tokens (tests and
+    back-of-envelope checks)."""
+    plan = PromptPlan(((length,) * samples,) * stages, train_tokens)
+    return lambda rng: plan
 
 
 @dataclass
@@ -151,29 +153,16 @@ class Machine:
 CLUSTER = Machine()
 
 
-@dataclass
-class _Actor:
-    queue: deque = field(default_factory=deque)  # prompts of each work item handed to it
-    remaining: float | None = None  # work-seconds left of the item in progress; None = idle
-    item: tuple | None = None  # (prompts, weights version, Item)
-    version: int = 0  # policy version of its weights
-    inflight: int = 0  # prompts handed to it and not yet back
-    sync_pending: bool = False
-    joined: bool = False  # waiting in a weight broadcast
-    joined_at: float = 0.0
-    busy_s: float = 0.0  # wall seconds spent on items
-
-
 class _World:
     """The actors, the learner's computing, and the learner's view of the actors (coordinator
-    state), advanced from one completion to the next. Every computing process progresses at
+    state), advanced from one event to the next. Every computing process progresses at
     `machine.speed(number computing)` work-seconds per second."""
 
-    def __init__(self, split: Split, work: Workload, generation: Generation, machine: Machine,
-                 rng: random.Random):
+    def __init__(self, split: Split, work: Workload, generation: Generation, decode: DecodeCost,
+                 machine: Machine, rng: random.Random):
         self.split, self.work, self.gen, self.machine, self.rng = split, work, generation, \
             machine, rng
-        self.actors = [_Actor() for _ in range(split.actors)]
+        self.actors = [StreamActor(decode) for _ in range(split.actors)]
         self.learner_remaining: float | None = None  # work-seconds left of its compute
         self.now = 0.0
         self.submitted = 0
@@ -190,65 +179,34 @@ class _World:
             if fresh == 0:
                 return
             self.submitted += fresh
-            i = min(range(len(self.actors)), key=lambda k: (self.actors[k].inflight, k))
-            self.actors[i].inflight += fresh
-            self.actors[i].queue.append(fresh)
-            self._start_next(self.actors[i])
-
-    def _start_next(self, a: _Actor) -> None:
-        if a.remaining is not None or a.joined or a.sync_pending or not a.queue:
-            return
-        prompts = a.queue.popleft()
-        item = self.gen(self.rng, prompts)
-        a.item = (prompts, a.version, item)
-        a.remaining = item.seconds
+            actor = min(self.actors, key=lambda a: a.inflight)  # the first among equals
+            actor.add([self.gen(self.rng) for _ in range(fresh)])
 
     def _computing(self) -> int:
         learner = self.split.learner_ranks if self.learner_remaining is not None else 0
-        return learner + sum(a.remaining is not None for a in self.actors)
+        return learner + sum(a.computing for a in self.actors)
 
     def advance(self) -> bool:
-        """Run to the next completion and handle it; False when nothing is computing. Returns
-        True also when the learner's compute is what completed (learner_remaining is then
-        None)."""
-        busy = [a for a in self.actors if a.remaining is not None]
+        """Run to the next event and handle it; False when nothing is computing. Returns True
+        also when the learner's compute is what completed (learner_remaining is then None)."""
+        busy = [a for a in self.actors if a.computing]
         learning = self.learner_remaining is not None
         if not busy and not learning:
             return False
         n = self._computing()
         actor_speed, learner_speed = self.machine.speed(n), self.machine.speed(n, learner=True)
-        left = [a.remaining / actor_speed for a in busy]
+        left = [a.seconds_to_next_event(actor_speed) for a in busy]
         if learning:
             left.append(self.learner_remaining / learner_speed)
         dt = max(0.0, min(left))
         self.now += dt
-        done = None
         for a in busy:
-            a.busy_s += dt
-            a.remaining -= dt * actor_speed
-            if done is None and a.remaining <= 1e-12:
-                done = a
+            self.ready.extend(a.advance(dt, actor_speed))
         if learning:
             self.learner_remaining -= dt * learner_speed
-            if done is None and self.learner_remaining <= 1e-12:
+            if self.learner_remaining <= 1e-12:
                 self.learner_remaining = None
-                return True
-        if done is not None:
-            self._finish(done)
         return True
-
-    def _finish(self, a: _Actor) -> None:
-        """A work item is done: its groups reach the learner; the actor joins a pending
-        broadcast or starts its next item."""
-        prompts, version, item = a.item
-        self.ready.extend((version, item.train_tokens[k] if k < len(item.train_tokens) else 0.0)
-                          for k in range(prompts))
-        a.inflight -= prompts
-        a.remaining, a.item = None, None
-        if a.sync_pending:
-            a.sync_pending, a.joined, a.joined_at = False, True, self.now
-        else:
-            self._start_next(a)
 
     def compute(self, seconds: float) -> None:
         """The learner computes `seconds` of work while the actors go on."""
@@ -258,27 +216,27 @@ class _World:
         self.learner_remaining = None
 
     def broadcast(self, version: int, broadcast_s: float) -> None:
-        """Publish `version`: every actor joins after its current item (an idle one at once);
-        the broadcast takes `broadcast_s` once all have joined, then they go on."""
+        """Publish `version`: under `finish` every actor holds new requests and joins once the
+        running ones are done (an idle one at once), under `continue` and `abort` at once; the
+        broadcast takes `broadcast_s` once all have joined, then they go on with the new
+        weights."""
         for a in self.actors:
-            if a.remaining is None:
-                a.joined, a.joined_at = True, self.now
-            else:
-                a.sync_pending = True
-        while not all(a.joined for a in self.actors):
+            a.sync(self.split.inflight_update)
+        while self.split.inflight_update == "finish" and any(a.computing for a in self.actors):
             self.advance()
         self.now += broadcast_s  # every actor is in the broadcast: nothing else computes
         for a in self.actors:
-            a.joined, a.version = False, version
-            self._start_next(a)
+            a.release(version)
 
 
 def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Generation,
-             steps: int = 200, seed: int = 0, skip_first: int | None = None,
+             decode: DecodeCost, steps: int = 200, seed: int = 0, skip_first: int | None = None,
              machine: Machine = CLUSTER) -> SimResult:
     """Play `steps` learner steps; rates over the steps after `skip_first` (default steps/10)."""
     if split.actors < 1 or split.learner_ranks < 1 or split.max_staleness < 0:
         raise ValueError(f"need actors >= 1, learner_ranks >= 1, max_staleness >= 0: {split}")
+    if split.inflight_update not in ("finish", "continue", "abort"):
+        raise ValueError(f"inflight_update must be finish, continue or abort: {split}")
     if work.prompts_per_step < 1 or work.prompts_per_work < 1 or work.sync_every < 1:
         raise ValueError(f"need prompts_per_step, prompts_per_work, sync_every >= 1: {work}")
     if work.sync_every - 1 > split.max_staleness:
@@ -291,7 +249,7 @@ def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Gene
         raise ValueError("simulate at least 2 steps")
     skip = max(1, steps // 10) if skip_first is None else skip_first
     skip = min(skip, steps - 1)
-    world = _World(split, work, generation, machine, random.Random(seed))
+    world = _World(split, work, generation, decode, machine, random.Random(seed))
     need, bound = work.prompts_per_step, split.max_staleness
     version = 0
     stale_hist = [0] * (bound + 2)

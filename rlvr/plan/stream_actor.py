@@ -1,0 +1,173 @@
+"""An actor as the simulator plays it: one engine decoding every request it holds at once.
+
+What: `StreamActor` is actors/worker.py's loop reduced to its timing. Each prompt handed to it
+runs its stages (a `PromptPlan`: per stage the lengths of its samples); a stage's samples are
+requests that start as soon as the engine has room (`max_batch` rows), and the prompt's next
+stage is queued the moment its current one is done, without waiting for the other prompts of
+the work item (actors/scheduler.py). All running requests advance one token per decode step,
+and a step costs `DecodeCost.decode(rows)`; requests that start cost `DecodeCost.prefill(rows)`
+once. A prompt whose last stage is done is a group, with the oldest weights version any of its
+finished samples started under (its oldest token). A weight sync (`sync`) is served as
+`actors.inflight_update` says: `finish` holds new requests until the running ones are done, then
+the actor joins the broadcast; `continue` joins at once and the running requests decode on under
+the new weights; `abort` drops the running requests (their tokens are wasted) and queues them
+again, to start under the new weights.
+
+Time: the actor keeps its own count of decode steps; between two events (a request ends, work
+arrives, a sync) every running request advances by the same number of steps, so the simulator
+jumps from event to event instead of from step to step (`seconds_to_next_event`, `advance`).
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class DecodeCost:
+    """Work-seconds of one actor's engine (rlvr/plan/decode_probe.py measures them)."""
+
+    step_s: float
+    """Per decode step, whatever the rows (kernel launches, the Python loop, messages)."""
+    row_s: float = 0.0
+    """Per running request per decode step."""
+    prefill_s: float = 0.0
+    """Per engine step that starts new requests."""
+    prefill_row_s: float = 0.0
+    """Per request started (its prompt's forward)."""
+    max_batch: int = 512
+    """Requests decoding at once (actors.max_batch); more wait for room."""
+
+    def decode(self, rows: int) -> float:
+        return self.step_s + self.row_s * rows
+
+    def prefill(self, rows: int) -> float:
+        return self.prefill_s + self.prefill_row_s * rows if rows else 0.0
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    """One prompt's generation: per stage, the lengths (tokens) of the samples it runs."""
+
+    stages: tuple[tuple[int, ...], ...]
+    train_tokens: float = 0.0
+    """Response tokens of its group that will be trained on (nonzero advantage)."""
+
+
+@dataclass
+class _Prompt:
+    plan: PromptPlan
+    stage: int = 0
+    left: int = 0  # samples of the current stage still decoding or queued
+    version: int | None = None  # oldest weights a finished sample started under
+
+
+@dataclass
+class StreamActor:
+    cost: DecodeCost
+    version: int = 0
+    inflight: int = 0  # prompts handed to it whose group is not back yet
+    holding: bool = False
+    busy_s: float = 0.0  # wall seconds spent computing
+    queued: deque = field(default_factory=deque)  # (prompt, length): requests waiting for room
+    running: list = field(default_factory=list)  # heap: (ends at step, seq, prompt, length,
+    #                                               weights version it started under)
+    steps: float = 0.0  # decode steps done
+    stall: float = 0.0  # work-seconds of prefill before decoding goes on
+    _seq: int = 0
+    _same_step: bool = False  # requests started since the last advance: one engine step
+
+    @property
+    def computing(self) -> bool:
+        return bool(self.running) or self.stall > 1e-15
+
+    def add(self, plans: list[PromptPlan]) -> None:
+        """A work item: every prompt's first stage is queued."""
+        self.inflight += len(plans)
+        for plan in plans:
+            self._queue_stage(_Prompt(plan))
+        self._start()
+
+    def sync(self, policy: str) -> None:
+        """A weight sync is announced: `finish` and `abort` hold new requests until `release`;
+        `abort` also drops the running ones, to be sampled again."""
+        match policy:
+            case "finish":
+                self.holding = True
+            case "abort":
+                self.holding = True
+                dropped = sorted(self.running, key=lambda r: r[1])  # in the order they started
+                self.running, self.stall = [], 0.0
+                self.queued.extendleft((prompt, length) for _, _, prompt, length, _ in
+                                       reversed(dropped))
+            case "continue":
+                pass
+            case _:
+                raise ValueError(f"inflight_update must be finish, continue or abort: {policy!r}")
+
+    def release(self, version: int) -> None:
+        self.holding, self.version = False, version
+        self._start()
+
+    def seconds_to_next_event(self, speed: float) -> float:
+        """Wall seconds until a request ends (or the prefill is done), at `speed`."""
+        work = self.stall
+        if self.running:
+            work += (self.running[0][0] - self.steps) * self.cost.decode(len(self.running))
+        return max(0.0, work) / speed
+
+    def advance(self, dt: float, speed: float) -> list[tuple[int, float]]:
+        """Compute for `dt` wall seconds at `speed`; returns the groups completed, as
+        (weights version, train tokens)."""
+        if not self.computing:
+            return []
+        self.busy_s += dt
+        work = dt * speed
+        if work > 0:
+            self._same_step = False
+        burn = min(self.stall, work)
+        self.stall -= burn
+        work -= burn
+        if self.running:
+            cost = self.cost.decode(len(self.running))
+            if cost <= 0:  # free decoding: the next request ends at once
+                self.steps = max(self.steps, self.running[0][0])
+            elif work > 0:
+                self.steps += work / cost
+        done = []
+        while self.running and self.running[0][0] <= self.steps + 1e-9:
+            _, _, prompt, _, version = heapq.heappop(self.running)
+            prompt.version = version if prompt.version is None else min(prompt.version, version)
+            prompt.left -= 1
+            if prompt.left == 0:
+                prompt.stage += 1
+                if prompt.stage < len(prompt.plan.stages):
+                    self._queue_stage(prompt)
+                else:
+                    self.inflight -= 1
+                    done.append((prompt.version, prompt.plan.train_tokens))
+        self._start()
+        return done
+
+    def _queue_stage(self, prompt: _Prompt) -> None:
+        lengths = prompt.plan.stages[prompt.stage]
+        prompt.left = len(lengths)
+        self.queued.extend((prompt, n) for n in lengths)
+
+    def _start(self) -> None:
+        """Requests waiting start while there is room (not while a sync holds them)."""
+        started = 0
+        while self.queued and not self.holding and len(self.running) < self.cost.max_batch:
+            prompt, length = self.queued.popleft()
+            self._seq += 1
+            # the prefill samples the first token; each decode step one more
+            heapq.heappush(self.running, (self.steps + max(0, length - 1), self._seq, prompt,
+                                          length, self.version))
+            started += 1
+        if started:  # requests added at one moment start in one engine step
+            self.stall += self.cost.prefill(started) - (self.cost.prefill_s if self._same_step
+                                                        else 0.0)
+            self._same_step = True
