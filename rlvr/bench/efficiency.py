@@ -27,9 +27,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlvr.bench.common import (machine, markdown_table, run_overrides, shared_model,
-                                  targets_table, train_run, write_results)
+                               targets_table, train_run, write_results)
 from rlvr.bench.reduce import (combine_seeds, default_target_acc, efficiency_targets,
-                                  reductions, run_efficiency)
+                               reductions, run_efficiency)
 from learner.run_log import read_metrics
 
 ALGORITHMS = ("grpo", "dapo", "ar3po", "aero", "hora")

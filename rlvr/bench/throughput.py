@@ -37,7 +37,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlvr.bench.common import (machine, markdown_table, run_overrides, targets_table,
-                                  train_run, write_results)
+                               train_run, write_results)
 from rlvr.bench.reduce import overlap_bound, ratio, run_throughput, throughput_targets
 from learner.run_log import read_metrics
 
