@@ -73,7 +73,9 @@ def assert_no_group_trained_twice(rows: list[dict]) -> None:
 def test_an_actor_killed_twice_is_restarted_and_the_run_finishes_with_no_group_twice(
         tiny_model, tmp_path):
     run_dir = tmp_path / "actor-crash"
-    steps = 60
+    # long enough to outlive both restarts (about 5 s each) on an idle machine, where a step of
+    # the survivor alone takes about 0.2 s: at 60 steps the run once ended first
+    steps = 150
     proc = start_rlvr(*quick_run_args(run_dir, tiny_model, f"run.steps={steps}", "actors.count=2",
                                       "mode=async", "max_staleness=1", "run.eval_every=100",
                                       "actors.max_restarts=3", *FAST_FAULTS))
