@@ -150,7 +150,11 @@ class Coordinator:
                     actor.actor_id, actor.pid, why, len(pending))
 
     def reap(self, timeout_s: float) -> list[ActorState]:
-        """Lose every actor silent for longer than `timeout_s`; returns them."""
+        """Lose every actor silent for longer than `timeout_s`; returns them. Messages waiting
+        are read first: while the learner was busy (a broadcast that timed out waits 20 s) a
+        live actor's heartbeats queue up unread, and judged before them it looks silent; it
+        would be lost, come back on its next heartbeat, and count as a loss that never was."""
+        self.drain()
         now = time.monotonic()
         silent = [a for a in self.actors.values() if now - a.last_seen > timeout_s]
         for a in silent:

@@ -127,6 +127,28 @@ def test_a_silent_actor_is_reaped_and_one_that_beats_is_kept(learner):
     beating.close()
 
 
+def test_an_actor_whose_heartbeats_wait_unread_while_the_learner_was_busy_is_not_reaped(
+        learner):
+    """After a broadcast that timed out (20 s without reading) a live actor's heartbeats wait
+    in the queue: it was once reaped before they were read, came back on the next one and
+    counted as lost (faults/actors_lost 3 after two kills in tests/test_faults.py)."""
+    coord = make_coordinator(learner)
+    a0, a1 = join(coord, 0, 100), join(coord, 1, 101)
+    deadline = time.monotonic() + 0.8  # the learner is busy: it reads nothing meanwhile
+    while time.monotonic() < deadline:
+        for actor_id, actor in ((0, a0), (1, a1)):
+            actor.send(Heartbeat(protocol_version=V, policy_version=0, actor_id=actor_id,
+                                 busy=True))
+        time.sleep(0.1)
+    time.sleep(0.2)
+    assert coord.poll(5.0)  # the failed-sync wait reads one message, then reaps
+    assert coord.reap(timeout_s=0.5) == []
+    assert sorted(a.actor_id for a in coord.actors.values()) == [0, 1]
+    assert coord.stats["faults/actors_lost"] == 0
+    a0.close()
+    a1.close()
+
+
 def test_a_heartbeat_from_an_actor_taken_for_dead_brings_it_back(learner):
     coord = make_coordinator(learner)
     slow = join(coord, 0, 100)
@@ -152,7 +174,6 @@ def test_a_sync_to_a_closed_actor_reports_it_unreached_and_loses_it(learner):
     assert [a.actor_id for a in coord.actors.values()] == [0]
     assert coord.membership_changed
     a0.close()
-
 
 
 def test_heartbeats_a_dead_actor_sent_before_it_died_do_not_bring_it_back(learner):
