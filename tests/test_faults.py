@@ -18,6 +18,8 @@ import pytest
 
 from tests.conftest import ROOT, quick_run_args, read_rows, run_rlvr
 
+pytestmark = pytest.mark.slow
+
 # actors beat every 0.5 s and are taken for dead after 6 s of silence; a broadcast waits 20 s
 FAST_FAULTS = ("actors.heartbeat_s=0.5", "actors.heartbeat_timeout_s=6",
                "weight_sync.timeout_s=20")
@@ -70,15 +72,23 @@ def assert_no_group_trained_twice(rows: list[dict]) -> None:
     assert trained and len(trained) == len(set(trained))
 
 
+def last_row(run_dir: Path) -> dict:
+    rows = read_rows(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    return rows[-1] if rows else {}
+
+
 def test_an_actor_killed_twice_is_restarted_and_the_run_finishes_with_no_group_twice(
         tiny_model, tmp_path):
+    from protocol.exit_codes import REQUEUE_EXIT_CODE
+
     run_dir = tmp_path / "actor-crash"
-    # long enough to outlive both restarts (about 5 s each) on an idle machine, where a step of
-    # the survivor alone takes about 0.2 s: at 60 steps the run once ended first
-    steps = 150
-    proc = start_rlvr(*quick_run_args(run_dir, tiny_model, f"run.steps={steps}", "actors.count=2",
-                                      "mode=async", "max_staleness=1", "run.eval_every=100",
-                                      "actors.max_restarts=3", *FAST_FAULTS))
+    # the run is far longer than the test: it waits for each event (a kill, a restart, the
+    # restarted actor training again) and then stops the run itself with the learner's own
+    # "checkpoint and stop" signal, so no restart can lose a race against the run's end
+    proc = start_rlvr(*quick_run_args(run_dir, tiny_model, "run.steps=100000", "actors.count=2",
+                                      "mode=async", "max_staleness=1", "run.eval_every=100000",
+                                      "run.checkpoint_every=100000", "actors.max_restarts=3",
+                                      *FAST_FAULTS))
     killed = []
     for actor_id in [0, 0]:  # the same actor twice: the second kill once it is back (~5 s)
         wait_for("step 2", lambda: last_step(run_dir) >= 2, proc)
@@ -88,11 +98,15 @@ def test_an_actor_killed_twice_is_restarted_and_the_run_finishes_with_no_group_t
         killed.append(pid)
         # the launcher restarts it and the learner gives the new process the weights
         wait_for(f"actor {actor_id} restarted", lambda: actor_pid(run_dir, actor_id, pid), proc)
-    out, _ = proc.communicate(timeout=240)
-    assert proc.returncode == 0, out
+    # both restarts are in the learner's books and both actors are live in a logged step
+    wait_for("a step with both actors back", lambda: last_row(run_dir).get("actors/live") == 2
+             and last_row(run_dir).get("faults/actor_restarts") == 2, proc)
+    os.kill(processes(run_dir)["learner"]["pid"], signal.SIGUSR1)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == REQUEUE_EXIT_CODE, out  # checkpointed and stopped, as asked
     assert out.count("restarting it") == 2, out
     rows = read_rows(run_dir)
-    assert_steps_continuous(rows, steps)
+    assert_steps_continuous(rows, rows[-1]["step"])
     assert_no_group_trained_twice(rows)
     last = rows[-1]
     assert last["faults/actors_lost"] == 2
