@@ -18,10 +18,12 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 @pytest.fixture
-def run(tmp_path, slurm_cluster):
-    """Submit a run whose processes are the probe; returns (submit(**kw) -> job id, run dir)."""
+def run(tmp_path, slurm_cluster, tiny_model):
+    """Submit a run whose processes are the probe; returns (submit(**kw) -> job id, run dir).
+    The model is the session's warm start: without model.path, submit would warm-start the
+    default tiny model on the submit host (1,200 steps, 4 minutes of the suite) for a probe."""
     config = tmp_path / "cfg.yaml"
-    config.write_text("run:\n  name: probe\n  steps: 3\n")
+    config.write_text(f"run:\n  name: probe\n  steps: 3\nmodel:\n  path: {tiny_model}\n")
     run_dir = tmp_path / "run"
 
     def go(mode: str = "", **kw) -> str:
@@ -164,7 +166,9 @@ def test_a_real_async_run_is_preempted_requeued_and_resumes_without_gaps(slurm_c
     overrides = quick_run_args(run_dir, tiny_model, "algorithm=grpo", "mode=async",
                                "max_staleness=1", f"run.steps={steps}", "run.eval_every=100",
                                "run.checkpoint_every=100", "actors.heartbeat_s=0.5",
-                               "actors.heartbeat_timeout_s=6")[2:]  # [2:]: past "train CONFIG"
+                               "actors.heartbeat_timeout_s=6",
+                               # a kill inside a broadcast stalls it this long (default 120 s)
+                               "weight_sync.timeout_s=20")[2:]  # [2:]: past "train CONFIG"
     job = submit_with_cli(str(TINY), *overrides, "--nodes", "3", "--actors-per-node", "1",
                           "--run-dir", str(run_dir), "--time", "10:00", "--signal-s", "60")
     metrics = run_dir / "metrics.jsonl"
@@ -177,6 +181,11 @@ def test_a_real_async_run_is_preempted_requeued_and_resumes_without_gaps(slurm_c
     victim = slurm_cluster.wait_for("the requeued actors to hold weights", lambda: next(
         (a["pid"] for a in _actors(run_dir) if a["weight_rank"] and a["pid"] not in first_pids
          and a["id"] == "1"), None), 120, job)
+    resumed_at = len(metrics.read_text().splitlines())
+    # killed once the resumed run trains (not inside its first broadcast, which would wait
+    # weight_sync.timeout_s for the dead peer)
+    slurm_cluster.wait_for("a step after the requeue", lambda: len(
+        metrics.read_text().splitlines()) > resumed_at, 120, job)
     os.kill(victim, 9)
     assert slurm_cluster.wait_job(job, timeout_s=300) == ("COMPLETED", "0:0"), \
         slurm_cluster.context(job)
