@@ -55,10 +55,12 @@ def bench(args) -> int:
                 transport.run(args.config, out, _with_steps(overrides, args.steps),
                               args.messages, args.step_s)
             case "memory":
+                from learner.logprobs import CHUNK_LOGITS_BYTES
                 from rlvr.bench import memory
 
+                chunk_mb = args.chunk_mb if args.chunk_mb is not None else CHUNK_LOGITS_BYTES >> 20
                 memory.run(out, [int(t) for t in _names(args.tokens)], args.seq_len, args.vocab,
-                           args.hidden, args.layers, args.chunk_mb)
+                           args.hidden, args.layers, chunk_mb)
             case "plan":
                 from rlvr.bench import plan
 
@@ -125,7 +127,8 @@ def _check_bench_args(args) -> None:
             refuse(f"--tokens: positive whole numbers, comma-separated, not {args.tokens!r}")
         if args.seq_len <= 64 or any(int(t) % args.seq_len for t in tokens):
             refuse("--seq-len must exceed the 64-token prompt and divide every --tokens value")
-        if min(args.vocab, args.hidden, args.layers, args.chunk_mb) < 1:
+        chunk_mb = 1 if args.chunk_mb is None else args.chunk_mb  # None: the learner's
+        if min(args.vocab, args.hidden, args.layers, chunk_mb) < 1:
             refuse("--vocab, --hidden, --layers and --chunk-mb must be >= 1")
 
 
@@ -138,8 +141,8 @@ def _with_steps(overrides: list[str], steps: int | None) -> list[str]:
 
 
 def add_cli(sub) -> None:
-    """Add `bench` and its kinds to the `rlvr` subcommands."""
-    from learner.logprobs import CHUNK_LOGITS_BYTES
+    """Add `bench` and its kinds to the `rlvr` subcommands (without importing torch: every
+    `rlvr` command builds this parser, and `rlvr train` starts its processes after it)."""
     from rlvr.bench.efficiency import ALGORITHMS as BENCHED
     from rlvr.bench.throughput import DEFAULT_MODES, MODES
 
@@ -201,7 +204,7 @@ def add_cli(sub) -> None:
     mem.add_argument("--vocab", type=int, default=151_936, help="vocabulary (Qwen2.5's)")
     mem.add_argument("--hidden", type=int, default=256, help="hidden size")
     mem.add_argument("--layers", type=int, default=2, help="transformer layers")
-    mem.add_argument("--chunk-mb", type=int, default=CHUNK_LOGITS_BYTES >> 20,
+    mem.add_argument("--chunk-mb", type=int, default=None,
                      help="float32 logits per chunk in MB (default: the learner's)")
     mem.add_argument("--out", help="output folder (default runs/bench/memory)")
     mem.set_defaults(func=bench, config=None, overrides=[], steps=None)

@@ -16,8 +16,10 @@ the learner on CPU, one thread. Variants, each measured side by side in the same
   no_recomp   the same chunks without recomputation (every chunk's logits kept for backward);
   body        the model body alone (loss on its final hidden states): what every variant pays
               before the LM head. A variant's head share = its peak - body's peak.
-How peak memory is measured: every measurement runs in a fresh child process (spawned, so no
-memory is shared or cached from the parent), built with glibc's MALLOC_MMAP_THRESHOLD_=65536 so
+How peak memory is measured: every measurement runs in a fresh child process, forked from a
+forkserver that has imported torch and transformers and allocated nothing else (so no tensor
+memory is shared or cached from the parent, and the 8 children of a run do not pay 8 imports of
+torch), with glibc's MALLOC_MMAP_THRESHOLD_=65536 (set before the server starts) so
 that every tensor buffer is its own mapping, returned to the system when freed (RSS then follows
 live tensors). After building the model and the batch, the child resets the kernel's peak-RSS
 mark (writing 5 to /proc/self/clear_refs) and reads RSS; after forward + backward it reads the
@@ -37,6 +39,7 @@ from rlvr.bench.common import BenchError, machine, markdown_table, targets_table
 from rlvr.bench.reduce import ratio, target
 
 VARIANTS = ("body", "full", "chunked", "no_recomp")
+PRELOAD = ["torch", "transformers.models.qwen2.modeling_qwen2", "learner.batch", "learner.logprobs", "learner.losses"]
 PROMPT = 64
 MB = 2**20
 
@@ -95,7 +98,8 @@ def _child(variant: str, tokens: int, seq_len: int, vocab: int, hidden: int, lay
 
 def measure(variant: str, tokens: int, seq_len: int, vocab: int, hidden: int, layers: int,
             chunk_mb: int) -> int:
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # takes effect when the server starts (first child)
     results = ctx.Queue()
     old = os.environ.get("MALLOC_MMAP_THRESHOLD_")
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # read by the child's glibc at start-up
@@ -170,8 +174,8 @@ def run(out_dir: Path, tokens: list[int], seq_len: int, vocab: int, hidden: int,
     results = {
         "bench": "memory", "vocab": vocab, "hidden": hidden, "layers": layers,
         "seq_len": seq_len, "chunk_mb": chunk_mb, "dtype": "float32", "threads": 1,
-        "peak_method": "VmHWM - VmRSS after clear_refs=5, fresh spawned child, "
-                       "MALLOC_MMAP_THRESHOLD_=65536",
+        "peak_method": "VmHWM - VmRSS after clear_refs=5, fresh child forked from a forkserver "
+                       "that imported torch only, MALLOC_MMAP_THRESHOLD_=65536",
         "cases": cases, "machine": machine(),
         "targets": {
             "chunked_head_flat": target(
