@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.calibration import record
 from tests.conftest import quick_run_args, read_rows, run_rlvr
 
 pytestmark = pytest.mark.slow
@@ -53,7 +54,10 @@ def test_fixed_n_algorithms_generate_exactly_n_responses_per_prompt(tmp_path, ti
 def test_dapo_counts_every_over_sampled_group_and_trains_only_informative_ones(tmp_path,
                                                                                tiny_model):
     rows = train(tmp_path, tiny_model, "dapo", "algorithm=dapo", "dapo.gen_batch_factor=1.5")
-    assert sum(r["dapo/groups_filtered"] for r in rows) > 0  # the warm start fails often
+    filtered = sum(r["dapo/groups_filtered"] for r in rows)
+    # calibrated: 160 +- 33.6 over 5 runs (tests/README.md)
+    record("dapo/groups_filtered over the run", filtered, low=0)
+    assert filtered > 0  # the warm start fails often
     gen_batch = math.ceil(1.5 * PROMPTS)
     for r in rows:
         generated = r["dapo/groups_generated"]

@@ -7,6 +7,7 @@ import time
 
 from actors.verify_queue import VerifyQueue
 from tasks.verifier import Verifier
+from tests.calibration import record
 
 
 def sleepy_check(boxed: str, answer: str) -> bool:
@@ -24,7 +25,10 @@ def test_verdicts_come_back_by_key_without_blocking_the_caller():
             q.put("c", "no box", "7")
             t0 = time.monotonic()
             assert q.results() == [] and q.pending == 3  # 0.5 s per item in the child
-            assert time.monotonic() - t0 < 0.1  # the caller went on while the child worked
+            elapsed = time.monotonic() - t0
+            # calibrated: 1.36e-05 +- 2.41e-06 over 5 runs (tests/README.md)
+            record("results() with 3 items pending returns after s", elapsed, high=0.1)
+            assert elapsed < 0.1  # the caller went on while the child worked
             got = {}
             deadline = time.monotonic() + 30
             while len(got) < 3 and time.monotonic() < deadline:
