@@ -1,6 +1,7 @@
 # Two commands work from a fresh clone on a fresh machine:
 #   make demo   set up .venv, warm-start the tiny model and train it (writes runs/demo/)
 #   make test   set up .venv and run the tests (what CI runs)
+# and, for the inner loop, `make test-fast` (no test that starts processes; see tests/README.md)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -12,7 +13,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test install clean
+.PHONY: demo test test-fast install clean
 
 install: $(STAMP)
 
@@ -35,8 +36,13 @@ demo: $(STAMP)
 	rm -rf runs/demo
 	$(BIN)/rlvr train configs/tiny-cpu.yaml run.name=demo
 
+# the full suite (what CI runs), with the ten slowest tests listed at the end
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=10
+
+# the inner loop: every room, no test that starts real actor/learner processes or SLURM daemons
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" --durations=10
 
 clean:
 	rm -rf $(VENV) .cache runs

@@ -119,6 +119,7 @@ def test_a_plan_survives_the_wire_exactly_and_without_pickle():
     assert decode_plan(encode_plan("checkpoint", step=7)) == {"kind": "checkpoint", "step": 7}
 
 
+@pytest.mark.slow
 def test_a_run_with_two_learner_ranks_trains_checkpoints_and_resumes(tiny_model, tmp_path):
     from tests.conftest import quick_run_args, read_rows, run_rlvr
 
