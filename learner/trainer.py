@@ -172,8 +172,7 @@ class Learner:
         """Notice lost and new actors; with `reform`, give the weights to a changed group now.
         Stops the run when no actor has been alive for `weight_sync.timeout_s`."""
         c, coord = self.cfg, self.coord
-        coord.drain()
-        lost = coord.reap(c.actors.heartbeat_timeout_s)
+        lost = coord.reap(c.actors.heartbeat_timeout_s)  # reads what is waiting first
         if lost:
             self._write_processes()
         now = time.monotonic()

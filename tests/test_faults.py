@@ -50,9 +50,13 @@ def processes(run_dir: Path) -> dict:
         return {}
 
 
-def last_step(run_dir: Path) -> int:
+def last_row(run_dir: Path) -> dict:
     rows = read_rows(run_dir) if (run_dir / "metrics.jsonl").exists() else []
-    return rows[-1]["step"] if rows else -1
+    return rows[-1] if rows else {}
+
+
+def last_step(run_dir: Path) -> int:
+    return last_row(run_dir).get("step", -1)
 
 
 def actor_pid(run_dir: Path, actor_id: int, other_than: int | None = None) -> int | None:
@@ -70,11 +74,6 @@ def assert_steps_continuous(rows: list[dict], steps: int) -> None:
 def assert_no_group_trained_twice(rows: list[dict]) -> None:
     trained = [gid for r in rows for gid in r.get("groups/trained_ids", [])]
     assert trained and len(trained) == len(set(trained))
-
-
-def last_row(run_dir: Path) -> dict:
-    rows = read_rows(run_dir) if (run_dir / "metrics.jsonl").exists() else []
-    return rows[-1] if rows else {}
 
 
 def test_an_actor_killed_twice_is_restarted_and_the_run_finishes_with_no_group_twice(

@@ -69,8 +69,9 @@ def test_an_async_run_with_a_vllm_actor_learns(tmp_path, warm_model):
     (_, before), (_, after) = evals
     trained = [r for r in rows if r["step"] > 0]
     assert max(r["stale/max"] for r in trained) >= 1  # the actor really ran ahead
-    assert max(r["gen/policy_version_max"] for r in trained) >= LEARN_STEPS // 2  # new weights
-    # held-out eval/avg@8 over 600 problems x 8 samples (its own noise about 0.007)
-    # calibrated: 0.154 +- 0.0109 over 5 runs (tests/README.md)
+    # and took new weights (78 of 80 in each of the calibration runs)
+    assert max(r["gen/policy_version_max"] for r in trained) >= LEARN_STEPS - 10
+    # held-out eval/avg@8 over 600 problems x 8 samples (its own noise about 0.007); calibrated
+    # at MIN_GAIN's comment
     record("eval/avg@8 gain over the run", after - before, low=MIN_GAIN)
     assert after - before > MIN_GAIN, evals

@@ -39,7 +39,9 @@ from rlvr.bench.common import BenchError, machine, markdown_table, targets_table
 from rlvr.bench.reduce import ratio, target
 
 VARIANTS = ("body", "full", "chunked", "no_recomp")
-PRELOAD = ["torch", "transformers.models.qwen2.modeling_qwen2", "learner.batch", "learner.logprobs", "learner.losses"]
+# what a child imports, imported once in the forkserver
+PRELOAD = ["torch", "transformers.models.qwen2.modeling_qwen2", "learner.batch",
+           "learner.logprobs", "learner.losses"]
 PROMPT = 64
 MB = 2**20
 
@@ -175,7 +177,7 @@ def run(out_dir: Path, tokens: list[int], seq_len: int, vocab: int, hidden: int,
         "bench": "memory", "vocab": vocab, "hidden": hidden, "layers": layers,
         "seq_len": seq_len, "chunk_mb": chunk_mb, "dtype": "float32", "threads": 1,
         "peak_method": "VmHWM - VmRSS after clear_refs=5, fresh child forked from a forkserver "
-                       "that imported torch only, MALLOC_MMAP_THRESHOLD_=65536",
+                       "that imported the modules only, MALLOC_MMAP_THRESHOLD_=65536",
         "cases": cases, "machine": machine(),
         "targets": {
             "chunked_head_flat": target(
