@@ -314,9 +314,6 @@ class Learner:
                 self.sync_waits = []
             if self.step % c.run.eval_every == 0 or self.step == c.run.steps:
                 metrics.update(self._evaluate())
-            if (c.run.checkpoint_every and self.step % c.run.checkpoint_every == 0) \
-                    or self.step == c.run.steps:
-                self._checkpoint()
             step_time = time.time() - t_step
             metrics["perf/step_time"] = step_time
             metrics["learner/ranks"] = c.learner.ranks
@@ -327,6 +324,11 @@ class Learner:
                             for reason, n in self.endpoint.rejected.items()})
             metrics.update(self._fault_metrics())
             self.run_log.log(self.step, metrics, policy_version=self.version)
+            # after the step's row: a checkpoint at step S always has row S beside it (a kill
+            # between the two resumes from the checkpoint before and redoes the row)
+            if (c.run.checkpoint_every and self.step % c.run.checkpoint_every == 0) \
+                    or self.step == c.run.steps:
+                self._checkpoint()
             if self.preempt_requested:  # SIGUSR1 (SLURM's notice before the time limit)
                 self._checkpoint()
                 raise Preempted(self.step)

@@ -123,12 +123,15 @@ def test_a_learner_killed_mid_run_resumes_with_continuous_steps(tiny_model, tmp_
     proc = start_rlvr(*quick_run_args(run_dir, tiny_model, f"run.steps={steps}",
                                       "run.checkpoint_every=2", "run.eval_every=100",
                                       *FAST_FAULTS))
-    wait_for("step 5", lambda: last_step(run_dir) >= 5, proc)
+    # killed the moment the checkpoint of step 6 is complete: its row must already be written
+    # (it once came after the checkpoint, and a kill in between lost row 6 for good)
+    checkpoint = run_dir / "checkpoints" / "step_000006"
+    wait_for("the checkpoint of step 6", lambda: (checkpoint / "COMPLETE").exists(), proc)
     os.kill(processes(run_dir)["learner"]["pid"], signal.SIGKILL)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode != 0
     killed_at = last_step(run_dir)
-    assert 5 <= killed_at < steps
+    assert 6 <= killed_at < steps
 
     resumed = run_rlvr("train", "--resume", str(run_dir), timeout_s=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
