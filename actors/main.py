@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from pathlib import Path
 
 import torch
 
 from protocol.config import load_config
+from protocol.exit_codes import exit_at_once
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,4 +32,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_at_once(main())

@@ -12,13 +12,12 @@ import argparse
 import logging
 import os
 import signal
-import sys
 from pathlib import Path
 
 import torch
 
 from protocol.config import load_config
-from protocol.exit_codes import REQUEUE_EXIT_CODE  # makes the SLURM job requeue itself
+from protocol.exit_codes import REQUEUE_EXIT_CODE, exit_at_once  # makes the SLURM job requeue itself
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,4 +69,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_at_once(main())

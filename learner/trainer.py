@@ -35,7 +35,6 @@ from learner.data import PromptSource, PromptStream, held_out, rollout_spec
 from learner.engine import build_engine, build_reference, init_learner_distributed, publish_weights
 from learner.groups import group_metrics, is_stale
 from learner.losses import dapo_keep_group
-from learner.plots import plot_run
 from learner.ranks import PlanChannel, train_step
 from learner.run_log import RunLog, set_aside_run, write_json_atomic
 from protocol.config import Config, to_dict
@@ -373,6 +372,8 @@ class Learner:
         self.verifier.close()
         self.endpoint.close()
         try:
+            from learner.plots import plot_run  # matplotlib: 0.4 s of start-up, needed at the end
+
             plot_run(self.run_dir)
         except Exception as e:  # noqa: BLE001 - a plotting failure must not fail the run
             log.warning("plots not written: %s", e)

@@ -104,7 +104,10 @@ def launch(cfg: Config, run_dir: Path, resume: bool = False) -> int:
                 print(f"actor {i} exited with code {code} ({log_hint}); restarting it "
                       f"({restarts}/{cfg.actors.max_restarts})", file=sys.stderr, flush=True)
                 actors[i] = start_actor(i)
-            time.sleep(0.5)
+            try:
+                learner.wait(0.5)  # returns the moment the learner exits
+            except subprocess.TimeoutExpired:
+                pass
     except KeyboardInterrupt:
         learner.send_signal(signal.SIGINT)
         learner.wait(30)
