@@ -9,6 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# no per-example deadline anywhere: on a shared 2-core machine (a background warm start, a run
+# in the next test) the time an example takes says nothing about the property under test
+settings.register_profile("rlvr", deadline=None)
+settings.load_profile("rlvr")
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny-cpu.yaml"
@@ -23,6 +29,52 @@ def tiny_model(tmp_path_factory) -> Path:
     cache = tmp_path_factory.mktemp("warm")
     cfg = load_config(TINY, [f"warm_start.cache_dir={cache}", "warm_start.steps=60"])
     return ensure_warm_start(cfg, log=lambda *_: None)
+
+
+# The demo's own warm start (configs/tiny-cpu.yaml: 1,200 supervised steps), in the demo's cache,
+# shared with `make demo`. It takes 2.5 min of CPU, so when a collected test needs it, it is
+# built in a background process from the start of the session, on one thread, beside tests that
+# mostly leave the second core idle; the fixture waits for it.
+DEMO_CACHE = ROOT / ".cache" / "rlvr"
+DEMO_WARM_START = (f"from protocol.config import load_config; "
+                   f"from rlvr.warm_start import ensure_warm_start; "
+                   f"ensure_warm_start(load_config({str(TINY)!r}, "
+                   f"['warm_start.cache_dir={DEMO_CACHE}']), threads=1)")
+_demo_build: dict = {}
+
+
+def pytest_collection_modifyitems(config, items):
+    if any("demo_warm_model" in getattr(item, "fixturenames", ()) for item in items):
+        DEMO_CACHE.mkdir(parents=True, exist_ok=True)
+        log = open(DEMO_CACHE / "test-session-warm-start.log", "w")  # noqa: SIM115
+        _demo_build["log"] = log
+        _demo_build["proc"] = subprocess.Popen([sys.executable, "-c", DEMO_WARM_START], cwd=ROOT,
+                                               stdout=log, stderr=subprocess.STDOUT)
+
+
+def pytest_unconfigure(config):
+    proc = _demo_build.get("proc")
+    if proc is not None and proc.poll() is None:  # the session ended before it was needed
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def demo_warm_model() -> Path:
+    """The demo's warm start: the model knows the one- and two-digit answers greedily but slips
+    at T = 1, and RL removes the slips fast."""
+    from protocol.config import load_config
+    from rlvr.warm_start import ensure_warm_start
+
+    proc = _demo_build.get("proc")
+    if proc is not None:
+        code = proc.wait(timeout=900)
+        _demo_build["log"].close()
+        log = Path(_demo_build["log"].name).read_text()
+        assert code == 0, f"the background warm start failed (code {code}):\n{log[-3000:]}"
+    # found in the cache (built above, or earlier); built here when no collected test asked
+    return ensure_warm_start(load_config(TINY, [f"warm_start.cache_dir={DEMO_CACHE}"]),
+                             log=lambda *_: None)
 
 
 def run_rlvr(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess:

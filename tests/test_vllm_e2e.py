@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.calibration import record
-from tests.conftest import ROOT, TINY, quick_run_args, read_rows, run_rlvr
+from tests.conftest import quick_run_args, read_rows, run_rlvr
 
 pytestmark = pytest.mark.slow
 
@@ -21,21 +21,6 @@ LEARN_STEPS = 80
 # calibrated (tests/README.md): gain 0.154 +- 0.011 over 5 seeds (0.143-0.169); the bound
 # sits 4.9 sd below the mean
 MIN_GAIN = 0.1
-
-
-@pytest.fixture(scope="module")
-def warm_model():
-    """The demo's own warm start (configs/tiny-cpu.yaml: 1,200 supervised steps from the sloppy
-    teacher), in the demo's cache (.cache/rlvr), shared with `make demo`: the model knows the
-    one- and two-digit answers greedily but slips at T = 1, and RL removes the slips fast. (The
-    600-step warm start this test used before learned slowly: +0.02 to +0.16 in 120 steps, too
-    spread to tell learning from noise at 3 standard deviations.)"""
-    from protocol.config import load_config
-    from rlvr.warm_start import ensure_warm_start
-
-    cache = ROOT / ".cache" / "rlvr"  # the demo's, whatever the directory pytest runs in
-    return ensure_warm_start(load_config(TINY, [f"warm_start.cache_dir={cache}"]),
-                             log=lambda *_: None)
 
 
 def test_a_sync_run_with_a_vllm_actor_is_exactly_on_policy(tmp_path, tiny_model):
@@ -56,9 +41,11 @@ def test_a_sync_run_with_a_vllm_actor_is_exactly_on_policy(tmp_path, tiny_model)
     assert "weights v4 live" in log and "Reloading weights inplace" in log  # vLLM's own update
 
 
-def test_an_async_run_with_a_vllm_actor_learns(tmp_path, warm_model):
+def test_an_async_run_with_a_vllm_actor_learns(tmp_path, demo_warm_model):
+    # from the demo's 1,200-step warm start: the 600-step one this test used before learned
+    # slowly (+0.02 to +0.16 in 120 steps), too spread to tell learning from noise at 3 sd
     run = tmp_path / "async"
-    done = run_rlvr(*quick_run_args(run, warm_model, "mode=async", "max_staleness=2",
+    done = run_rlvr(*quick_run_args(run, demo_warm_model, "mode=async", "max_staleness=2",
                                     f"run.steps={LEARN_STEPS}", f"run.eval_every={LEARN_STEPS}",
                                     "task.eval_per_level=200", "rollout.prompts_per_step=32",
                                     "rollout.prompts_per_work=8", *VLLM), timeout_s=600)
