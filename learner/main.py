@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from protocol.config import load_config
-from protocol.exit_codes import REQUEUE_EXIT_CODE, exit_at_once  # makes the SLURM job requeue itself
+# REQUEUE_EXIT_CODE makes the SLURM job requeue itself
+from protocol.exit_codes import REQUEUE_EXIT_CODE, exit_at_once
 
 
 def main(argv: list[str] | None = None) -> int:
