@@ -11,7 +11,9 @@ policy stays exactly on-policy.
 
 A failed broadcast (another actor died in it) leaves this actor's weights half-written: it then
 drops what it was decoding and generates nothing until the learner has formed a new weight group
-and sent the weights again, and it beats at once so the learner knows it is alive.
+and sent the weights again, and it beats at once so the learner knows it is alive. It also beats
+all through a sync: a collective left waiting by a dead peer blocks for the whole
+`weight_sync.timeout_s`, and the learner would otherwise take a silent live actor for dead.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
+from collections.abc import Callable
 
 from transformers import AutoTokenizer
 
@@ -29,7 +33,7 @@ from tasks.verifier import Verifier
 from protocol.config import Config
 from protocol.messages import PROTOCOL_VERSION, Heartbeat, Hello, Shutdown, SyncWeights, Work
 from protocol.transport import ActorEndpoint
-from protocol.weights import WeightGroup, WeightSyncError, connect_store, epoch_goes_ahead
+from protocol.weights import WeightGroup, WeightSyncError, connect_store, sync_goes_ahead
 
 log = logging.getLogger(__name__)
 
@@ -44,33 +48,67 @@ def engine_kwargs(cfg: Config) -> dict:
                 enforce_eager=a.enforce_eager, seed=cfg.run.seed)
 
 
-class WeightMembership:
-    """This actor's place in the learner's weight group, across the group's epochs."""
+def while_beating(blocking: Callable[[], object], beat: Callable[[], None], every_s: float):
+    """Run `blocking()` in a helper thread and return what it returns (or raise what it raises);
+    meanwhile the calling thread, which owns the ZeroMQ socket (sockets are not thread-safe),
+    calls `beat()` every `every_s`."""
+    outcome: dict[str, object] = {}
 
-    def __init__(self, cfg: Config, engine):
-        self.cfg, self.engine = cfg, engine
+    def target():
+        try:
+            outcome["value"] = blocking()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller as is
+            outcome["error"] = e
+
+    helper = threading.Thread(target=target, name="weight-sync", daemon=True)
+    helper.start()
+    while True:
+        helper.join(every_s)
+        if not helper.is_alive():
+            break
+        beat()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+class WeightMembership:
+    """This actor's place in the learner's weight group, across the group's epochs. `beat` is
+    called every `actors.heartbeat_s` while a sync blocks (waits for the learner's word, the
+    rendezvous, the broadcast)."""
+
+    def __init__(self, cfg: Config, engine, beat: Callable[[], None] = lambda: None):
+        self.cfg, self.engine, self.beat = cfg, engine, beat
         self.store = connect_store(cfg.net.learner_host, cfg.net.weights_port,
                                    cfg.weight_sync.timeout_s)
         self.group: WeightGroup | None = None
         self.epoch: int | None = None
         self.version: int | None = None  # policy version of the weights; None = unusable
 
+    def _blocking(self, call: Callable[[], object]):
+        return while_beating(call, self.beat, self.cfg.actors.heartbeat_s)
+
     def sync(self, msg: SyncWeights) -> bool:
         """Join `msg`'s epoch if it is new, then receive the broadcast. False if it failed."""
         c = self.cfg
         try:
+            if not self._blocking(lambda: sync_goes_ahead(self.store, msg.group_epoch,
+                                                          msg.policy_version)):
+                log.info("weight sync of version %d (epoch %d) called off by the learner",
+                         msg.policy_version, msg.group_epoch)
+                self.leave()  # the learner closes the group: a new epoch follows
+                return False
             if msg.group_epoch != self.epoch:
                 self.leave()
-                if not epoch_goes_ahead(self.store, msg.group_epoch):
-                    return False  # called off by the learner: a newer epoch follows
-                self.group = WeightGroup.create(c.net.learner_host, c.net.weights_port, msg.rank,
-                                                msg.world_size, c.weight_sync.timeout_s,
-                                                c.weight_backend, epoch=msg.group_epoch,
-                                                store=self.store)
+                self.group = self._blocking(lambda: WeightGroup.create(
+                    c.net.learner_host, c.net.weights_port, msg.rank, msg.world_size,
+                    c.weight_sync.timeout_s, c.weight_backend, epoch=msg.group_epoch,
+                    store=self.store))
                 self.epoch = msg.group_epoch
             self.version = None  # from here on a failure leaves half-written weights
             t0 = time.perf_counter()
-            self.group.receive(self.engine.weight_targets(), c.weight_sync.bucket_mb << 20)
+            targets = self.engine.weight_targets()
+            self._blocking(lambda: self.group.receive(targets, c.weight_sync.bucket_mb << 20))
             t1 = time.perf_counter()
             self.engine.commit_weights()
             self.version = msg.policy_version
@@ -111,7 +149,10 @@ def run_actor(cfg: Config, actor_id: int) -> int:
         version = -1 if weights.version is None else weights.version
         endpoint.send(msg_type(protocol_version=PROTOCOL_VERSION, policy_version=version, **kw))
 
-    weights = WeightMembership(cfg, engine)
+    def beat():
+        send(Heartbeat, actor_id=actor_id, busy=rollouts.busy)
+
+    weights = WeightMembership(cfg, engine, beat)
     send(Hello, actor_id=actor_id, host=socket.gethostname(), pid=os.getpid())
     syncs: list[SyncWeights] = []  # announced, not yet served
     announced_at = 0  # rollouts.decode_steps when the first of them arrived
@@ -144,7 +185,7 @@ def run_actor(cfg: Config, actor_id: int) -> int:
                 version = -1 if weights.version is None else weights.version
                 endpoint.send(to_group(result, actor_id, version))
             if time.monotonic() - last_beat >= cfg.actors.heartbeat_s:
-                send(Heartbeat, actor_id=actor_id, busy=rollouts.busy)
+                beat()
                 last_beat = time.monotonic()
     finally:
         weights.leave()
@@ -169,7 +210,8 @@ def serve_syncs(policy: str, rollouts: Rollouts, weights: WeightMembership,
             pass
     for m in newest_epoch_syncs(syncs):  # every broadcast must be joined, in order
         if not weights.sync(m):
-            rollouts.drop_in_flight()  # decoded under half-written weights: sample them again
+            if weights.version is None:  # decoded under half-written weights: sample them again
+                rollouts.drop_in_flight()
             return True  # held until a later sync succeeds
     rollouts.engine.policy_version = weights.version
     rollouts.release()

@@ -29,7 +29,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     name = f"learner{rank}" if rank else "learner"
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
+    log_format = f"%(asctime)s {name} %(levelname)s %(message)s"
+    logging.basicConfig(level=logging.INFO, format=log_format)
+    if rank == 0:  # the other ranks' output already goes to logs/learner-<rank>.log
+        # the terminal's copy is lost with it (a test's captured output, a closed ssh session):
+        # the run folder keeps its own, appended to across resumes
+        (args.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        to_file = logging.FileHandler(args.run_dir / "logs" / "learner.log")
+        to_file.setFormatter(logging.Formatter(log_format))
+        logging.getLogger().addHandler(to_file)
     cfg = load_config(args.run_dir / "config.yaml", args.overrides)
     torch.set_num_threads(cfg.learner.threads)
     torch.manual_seed(cfg.run.seed)

@@ -40,7 +40,7 @@ from learner.run_log import RunLog, set_aside_run, write_json_atomic
 from protocol.config import Config, to_dict
 from protocol.messages import Group
 from protocol.transport import LearnerEndpoint
-from protocol.weights import WeightGroup, WeightSyncError, announce_epoch, host_store
+from protocol.weights import WeightGroup, WeightSyncError, announce_sync, host_store
 from tasks.evaluation import evaluate
 from tasks.sampling import HFSampler
 from tasks.verifier import Verifier
@@ -149,8 +149,8 @@ class Learner:
             self._close_weight_group()
         t0 = time.time()  # sync/learner_wait_s: from telling the actors to the last one's copy
         reached = coord.sync_weights(self.version, new_epoch)
+        announce_sync(self.weight_store, coord.epoch, self.version, reached)
         if new_epoch:
-            announce_epoch(self.weight_store, coord.epoch, reached)
             self._write_processes()
         if not reached:
             raise WeightSyncError("a weight group member could not be reached")

@@ -217,21 +217,26 @@ def connect_store(host: str, port: int, timeout_s: float) -> TCPStore:
         raise WeightSyncError(f"{what}: cannot connect: {e}") from e
 
 
-# Forming the group of a new epoch is two-phase: the learner first tells every member its rank
-# (over ZeroMQ), then says in the store whether all of them were reached. Members wait for that
-# word before joining, so a member that died before being told makes the learner call the epoch
-# off at once, instead of leaving the others blocked in a rendezvous until `timeout_s`.
+# Every sync is two-phase: the learner first tells each member to join (over ZeroMQ), then says
+# in the store whether all of them were reached. Members wait for that word before they join a
+# rendezvous or a broadcast, so a member found dead when told (the common case: a killed process's
+# connection is closed) makes the learner call the sync off at once. Without the word the others
+# would sit in a collective the learner never starts: a gloo operation cannot be cancelled, not
+# by the peer closing its group nor by aborting one's own, and waits its full timeout.
 
-def announce_epoch(store: TCPStore, epoch: int, goes_ahead: bool) -> None:
-    store.set(f"epoch/{epoch}", b"go" if goes_ahead else b"off")
+def announce_sync(store: TCPStore, epoch: int, version: int, goes_ahead: bool) -> None:
+    """The learner's word on the sync of `version` in weight group `epoch` (unique per sync:
+    within an epoch each sync has a newer version, a failed one ends the epoch)."""
+    store.set(f"sync/{epoch}/{version}", b"go" if goes_ahead else b"off")
 
 
-def epoch_goes_ahead(store: TCPStore, epoch: int) -> bool:
-    """Wait (up to the store's timeout) for the learner's word on `epoch`."""
+def sync_goes_ahead(store: TCPStore, epoch: int, version: int) -> bool:
+    """Wait (up to the store's timeout) for the learner's word on that sync."""
     try:
-        return store.get(f"epoch/{epoch}") == b"go"
+        return store.get(f"sync/{epoch}/{version}") == b"go"
     except Exception as e:  # noqa: BLE001 - a store timeout is a RuntimeError subclass
-        raise WeightSyncError(f"no word from the learner on weight group epoch {epoch}: {e}") from e
+        raise WeightSyncError(f"no word from the learner on the sync of version {version} "
+                              f"(weight group epoch {epoch}): {e}") from e
 
 
 def _make_process_group(backend, store, rank, world_size, timeout):

@@ -19,7 +19,7 @@ from protocol.config import load_config, write_resolved
 from protocol.messages import (PROTOCOL_VERSION, Group, Hello, Prompt, RolloutSpec, Shutdown,
                                SyncWeights, Work)
 from protocol.transport import LearnerEndpoint
-from protocol.weights import WeightGroup, announce_epoch, host_store
+from protocol.weights import WeightGroup, announce_sync, host_store
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
@@ -52,6 +52,7 @@ class FakeLearner:
                  "0"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.peer = self._expect(Hello, 120.0)[0]
         self.group: WeightGroup | None = None
+        self.epoch = 1
         self._works = 0
 
     def _expect(self, kind, timeout_s: float):
@@ -67,17 +68,41 @@ class FakeLearner:
     def tail(self) -> str:
         return self.log.read_text()[-3000:]
 
-    def announce(self, version: int) -> None:
-        """Tell the actor to join the broadcast of `version` (the first time: form the group)."""
+    def announce(self, version: int, goes_ahead: bool = True) -> None:
+        """Tell the actor to join the broadcast of `version` (the first time: form the group),
+        then give the word that the sync goes ahead (or is called off)."""
         self.endpoint.send(self.peer, SyncWeights(protocol_version=V, policy_version=version,
-                                                  group_epoch=1, rank=1, world_size=2))
-        if self.group is None:
-            announce_epoch(self.store, 1, True)
+                                                  group_epoch=self.epoch, rank=1, world_size=2))
+        announce_sync(self.store, self.epoch, version, goes_ahead)
+
+    def new_epoch(self) -> None:
+        """Close the weight group (a sync failed or was called off): the next sync forms anew."""
+        if self.group is not None:
+            self.group.close()
+        self.group, self.epoch = None, self.epoch + 1
+
+    def count(self, kind, during_s: float) -> int:
+        """Messages of `kind` received over the next `during_s` seconds (others are dropped)."""
+        deadline, n = time.monotonic() + during_s, 0
+        while (left := deadline - time.monotonic()) > 0:
+            got = self.endpoint.recv(min(0.1, left))
+            n += got is not None and isinstance(got[1], kind)
+        return n
+
+    def wait_for_log(self, text: str, timeout_s: float) -> float:
+        """Seconds until `text` is in the actor's log; fails with the log after `timeout_s`."""
+        t0 = time.monotonic()
+        while text not in self.log.read_text():
+            if time.monotonic() - t0 > timeout_s:
+                raise AssertionError(f"no {text!r} in the actor's log within {timeout_s} s:\n"
+                                     f"{self.tail()}")
+            time.sleep(0.05)
+        return time.monotonic() - t0
 
     def broadcast(self, model) -> None:
         if self.group is None:
-            self.group = WeightGroup.create(HOST, self.weights_port, 0, 2, 60.0, epoch=1,
-                                            store=self.store)
+            self.group = WeightGroup.create(HOST, self.weights_port, 0, 2, 60.0,
+                                            epoch=self.epoch, store=self.store)
         self.group.send(model.named_parameters())
 
     def sync(self, model, version: int) -> float:

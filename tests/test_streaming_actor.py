@@ -5,6 +5,8 @@ the learner over real ZeroMQ sockets and a real gloo weight group (tests/actor_h
   at once, between two decode steps; `finish` lets the running samples decode to their end.
   Under `continue` the responses that crossed it carry both versions; under `abort` they are
   dropped, counted and sampled again under the new weights.
+- An actor left waiting in a broadcast that its learner never sends (a peer died in it) keeps
+  beating for the whole gloo timeout; a sync the learner calls off is not waited for at all.
 - Siblings of a first correct answer stop (AR3PO, rollout.abort_on_first_correct) and are
   counted in the group; with the switch off every sample runs to its end.
 """
@@ -19,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tasks.prompts import prompt_token_ids
 from tasks.tiny_model import build_model, build_tiny
-from protocol.messages import RolloutSpec
+from protocol.messages import Heartbeat, RolloutSpec
 from tests.actor_harness import FakeLearner, prompt
 from tests.calibration import record
 
@@ -125,3 +127,39 @@ def test_siblings_of_a_first_correct_answer_stop_and_are_counted(abort_on_first_
         assert len(g.samples) + g.aborted_samples == 8
         assert g.aborted_tokens < 16 * g.aborted_samples  # stopped before the end
         assert g.saved_tokens_est >= g.aborted_samples
+
+
+def test_an_actor_left_waiting_in_a_broadcast_keeps_beating_until_the_timeout_frees_it(
+        tmp_path, random_models):
+    """A gloo collective cannot be cancelled: a member whose broadcast a dead peer stalled waits
+    the whole `weight_sync.timeout_s` (120 s by default). Silent that long, the learner took it
+    for dead after `actors.heartbeat_timeout_s` (a fault test's false loss)."""
+    path, _, v0, _ = random_models
+    timeout_s = 8.0
+    learner = FakeLearner(tmp_path, path, f"weight_sync.timeout_s={timeout_s}")
+    try:
+        learner.sync(v0, 0)
+        t0 = time.monotonic()
+        learner.announce(1)  # goes ahead, but the learner's side never broadcasts
+        beats = learner.count(Heartbeat, during_s=timeout_s / 2)  # the actor is blocked all along
+        learner.wait_for_log("weight sync of version 1 (epoch 1) failed", 30.0)
+        freed_after_s = time.monotonic() - t0
+    finally:
+        learner.close()
+    assert freed_after_s >= timeout_s - 1, "the broadcast did not block: the test proves nothing"
+    assert beats >= 4, f"{beats} heartbeats in {timeout_s / 2} s at actors.heartbeat_s=0.5"
+
+
+def test_a_sync_the_learner_calls_off_is_given_up_at_once(tmp_path, random_models):
+    path, _, v0, v1 = random_models
+    learner = FakeLearner(tmp_path, path, "weight_sync.timeout_s=30")
+    try:
+        learner.sync(v0, 0)
+        learner.announce(1, goes_ahead=False)  # a member was found dead when told
+        given_up_s = learner.wait_for_log("sync of version 1 (epoch 1) called off", 30.0)
+        learner.new_epoch()  # the actor left the group too: the next sync forms it anew
+        learner.sync(v1, 2)
+        learner.wait_for_log("weights of version 2 in", 30.0)
+    finally:
+        learner.close()
+    assert given_up_s < 5, f"called off, yet the actor waited {given_up_s:.1f} s"

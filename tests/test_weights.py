@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from protocol.weights import (WeightGroup, WeightSyncError, announce_epoch, connect_store,
-                              epoch_goes_ahead, host_store)
+from protocol.weights import (WeightGroup, WeightSyncError, announce_sync, connect_store,
+                              host_store, sync_goes_ahead)
 from tests.calibration import record
 
 HOST = "127.0.0.1"
@@ -236,11 +236,13 @@ def test_after_an_actor_dies_the_next_epoch_over_the_same_store_serves_the_survi
         raise
 
 
-def test_an_epoch_called_off_by_the_learner_is_refused_by_the_members():
+def test_a_sync_called_off_by_the_learner_is_refused_by_the_members():
     port = free_port()
     store = host_store(HOST, port, 5.0)
     member = connect_store(HOST, port, 5.0)
-    announce_epoch(store, 3, goes_ahead=False)
-    announce_epoch(store, 4, goes_ahead=True)
-    assert not epoch_goes_ahead(member, 3)
-    assert epoch_goes_ahead(member, 4)
+    announce_sync(store, 3, 7, goes_ahead=False)
+    announce_sync(store, 4, 7, goes_ahead=True)
+    announce_sync(store, 4, 8, goes_ahead=False)
+    assert not sync_goes_ahead(member, 3, 7)
+    assert sync_goes_ahead(member, 4, 7)
+    assert not sync_goes_ahead(member, 4, 8)
