@@ -77,7 +77,7 @@ class WeightMembership:
     called every `actors.heartbeat_s` while a sync blocks (waits for the learner's word, the
     rendezvous, the broadcast)."""
 
-    def __init__(self, cfg: Config, engine, beat: Callable[[], None] = lambda: None):
+    def __init__(self, cfg: Config, engine, beat: Callable[[], None]):
         self.cfg, self.engine, self.beat = cfg, engine, beat
         self.store = connect_store(cfg.net.learner_host, cfg.net.weights_port,
                                    cfg.weight_sync.timeout_s)
