@@ -17,10 +17,12 @@ pytestmark = pytest.mark.slow
 
 # eager: an actor starts in seconds (the compiled path is tested in tests/test_vllm_real.py)
 VLLM = ["actors.engine=vllm", "actors.kv_cache_gib=1", "actors.enforce_eager=true"]
-LEARN_STEPS = 80
-# calibrated (tests/README.md): gain 0.154 +- 0.011 over 5 seeds (0.143-0.169); the bound
-# sits 4.9 sd below the mean
-MIN_GAIN = 0.1
+LEARN_STEPS = 160
+# calibrated (tests/README.md) on both CPU kernel paths, whose warm starts differ: run.seed 0-4
+# gained 0.112 +- 0.019 from AVX2's (the bound 3.3 sd below) and 0.177 +- 0.009 from AVX-512's
+# (14.6 sd); with learning off (optim.lr=1e-12) the gain is eval noise, -0.009 +- 0.010 (the
+# bound 6.1 sd above). 80 steps from AVX2's gained 0.083 +- 0.022: no bound at 3 sd from both
+MIN_GAIN = 0.05
 
 
 def test_a_sync_run_with_a_vllm_actor_is_exactly_on_policy(tmp_path, tiny_model):
@@ -43,7 +45,10 @@ def test_a_sync_run_with_a_vllm_actor_is_exactly_on_policy(tmp_path, tiny_model)
 
 def test_an_async_run_with_a_vllm_actor_learns(tmp_path, demo_warm_model):
     # from the demo's 1,200-step warm start: the 600-step one this test used before learned
-    # slowly (+0.02 to +0.16 in 120 steps), too spread to tell learning from noise at 3 sd
+    # slowly (+0.02 to +0.16 in 120 steps), too spread to tell learning from noise at 3 sd.
+    # The warm start is built with this machine's CPU kernels (an AVX2 machine's starts lower
+    # and learns more slowly: a fresh-clone CI run gained 0.079 in 80 steps against a bound of
+    # 0.1 calibrated on AVX-512 alone)
     run = tmp_path / "async"
     done = run_rlvr(*quick_run_args(run, demo_warm_model, "mode=async", "max_staleness=2",
                                     f"run.steps={LEARN_STEPS}", f"run.eval_every={LEARN_STEPS}",
@@ -56,9 +61,8 @@ def test_an_async_run_with_a_vllm_actor_learns(tmp_path, demo_warm_model):
     (_, before), (_, after) = evals
     trained = [r for r in rows if r["step"] > 0]
     assert max(r["stale/max"] for r in trained) >= 1  # the actor really ran ahead
-    # and took new weights (78 of 80 in each of the calibration runs)
+    # and took new weights (158 of 160 in each of the calibration runs)
     assert max(r["gen/policy_version_max"] for r in trained) >= LEARN_STEPS - 10
-    # held-out eval/avg@8 over 600 problems x 8 samples (its own noise about 0.007); calibrated
-    # at MIN_GAIN's comment
+    # held-out eval/avg@8 over 600 problems x 8 samples; calibrated at MIN_GAIN's comment
     record("eval/avg@8 gain over the run", after - before, low=MIN_GAIN)
     assert after - before > MIN_GAIN, evals
