@@ -7,7 +7,8 @@ puts most of its mass on the right answer but, sampled at temperature 1, often s
 between greedy and sampled accuracy that RL with a verifier closes within minutes (measured in
 README). The result is cached under `warm_start.cache_dir`, keyed by everything that shapes it.
 
-    python -m rlvr.warm_start configs/tiny-cpu.yaml      # build (or find) the cached model
+    python -m rlvr.warm_start configs/tiny-cpu.yaml [--threads N] [key=value ...]
+                                        # build (or find) the cached model, print its path
 """
 
 from __future__ import annotations
@@ -149,5 +150,21 @@ def ensure_warm_start(cfg: Config, log=print, threads: int | None = None) -> Pat
     return final
 
 
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m rlvr.warm_start",
+                                 description="Build (or find) the cached warm-started tiny model "
+                                             "and print its path.")
+    ap.add_argument("config")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides, as for rlvr train")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads to train on (default: every core)")
+    args = ap.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        ap.error(f"--threads must be >= 1, got {args.threads}")
+    print(ensure_warm_start(load_config(args.config, args.overrides), threads=args.threads))
+
+
 if __name__ == "__main__":
-    print(ensure_warm_start(load_config(sys.argv[1], sys.argv[2:])))
+    main()

@@ -36,10 +36,8 @@ def tiny_model(tmp_path_factory) -> Path:
 # built in a background process from the start of the session, on one thread, beside tests that
 # mostly leave the second core idle; the fixture waits for it.
 DEMO_CACHE = ROOT / ".cache" / "rlvr"
-DEMO_WARM_START = (f"from protocol.config import load_config; "
-                   f"from rlvr.warm_start import ensure_warm_start; "
-                   f"ensure_warm_start(load_config({str(TINY)!r}, "
-                   f"['warm_start.cache_dir={DEMO_CACHE}']), threads=1)")
+DEMO_WARM_START = ["-m", "rlvr.warm_start", str(TINY), f"warm_start.cache_dir={DEMO_CACHE}",
+                   "--threads", "1"]
 _demo_build: dict = {}
 
 
@@ -48,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
         DEMO_CACHE.mkdir(parents=True, exist_ok=True)
         log = open(DEMO_CACHE / "test-session-warm-start.log", "w")  # noqa: SIM115
         _demo_build["log"] = log
-        _demo_build["proc"] = subprocess.Popen([sys.executable, "-c", DEMO_WARM_START], cwd=ROOT,
+        _demo_build["proc"] = subprocess.Popen([sys.executable, *DEMO_WARM_START], cwd=ROOT,
                                                stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -57,6 +55,8 @@ def pytest_unconfigure(config):
     if proc is not None and proc.poll() is None:  # the session ended before it was needed
         proc.kill()
         proc.wait()
+    if "log" in _demo_build:
+        _demo_build["log"].close()
 
 
 @pytest.fixture(scope="session")

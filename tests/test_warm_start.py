@@ -6,6 +6,7 @@ import os
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 from tasks.arithmetic import Arithmetic
 from rlvr.warm_start import corrupt_answer, warm_level_weights, warm_start_key
@@ -56,3 +57,18 @@ def test_a_machine_with_other_cpu_kernels_builds_its_own_warm_start():
     plain = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     assert key({**plain, "ATEN_CPU_CAPABILITY": "avx2"}) != key({**plain,
                                                                  "ATEN_CPU_CAPABILITY": "default"})
+
+
+def test_the_warm_start_command_builds_on_the_threads_asked_and_prints_the_cached_path(tmp_path):
+    def command(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rlvr.warm_start", str(TINY),
+                               f"warm_start.cache_dir={tmp_path}", "warm_start.steps=2", *args],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    refused = command("--threads", "0")
+    assert refused.returncode == 2 and "--threads must be >= 1" in refused.stderr
+    assert not any(tmp_path.iterdir())  # refused before anything was built
+    built = command("--threads", "1")
+    assert built.returncode == 0, built.stderr
+    path = Path(built.stdout.strip().splitlines()[-1])
+    assert path.parent == tmp_path and (path / "COMPLETE").exists()
