@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -19,8 +20,31 @@ from pathlib import Path
 from protocol.config import Config, ConfigError, load_config, write_resolved
 
 
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections."""
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A free port below the ephemeral range. A port the kernel hands out (bind to 0) can be
+    taken, between this choice and the learner's listen, as the local end of an outgoing
+    connection: a CI run lost its weight store that way (EADDRINUSE) once the actor had
+    connected over ZeroMQ. Outgoing connections never take ports outside the ephemeral range."""
+    lo, _ = ephemeral_ports()
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10_000, max(lo, 10_001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # a listener has it: try another
+            return port
+    with socket.socket() as s:  # every try was taken: the kernel's choice, as before
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
