@@ -17,7 +17,6 @@ def test_a_chosen_port_lies_outside_the_range_outgoing_connections_draw_from():
 
 
 def test_a_taken_port_is_never_chosen():
-    lo, _ = ephemeral_ports()
     taken = []
     try:
         for port in range(10_000, 10_050):

@@ -59,7 +59,7 @@ def test_a_machine_with_other_cpu_kernels_builds_its_own_warm_start():
                                                                  "ATEN_CPU_CAPABILITY": "default"})
 
 
-def test_the_warm_start_command_builds_on_the_threads_asked_and_prints_the_cached_path(tmp_path):
+def test_the_warm_start_command_refuses_no_threads_and_prints_the_cached_path(tmp_path):
     def command(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "rlvr.warm_start", str(TINY),
                                f"warm_start.cache_dir={tmp_path}", "warm_start.steps=2", *args],
