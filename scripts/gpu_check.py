@@ -24,13 +24,14 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
+
+from rlvr.launch import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -63,12 +64,6 @@ def sync(device: str) -> None:
     import torch
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_bounded(cmd: list[str], timeout_s: float, grace_s: float = 2.0,

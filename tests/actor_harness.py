@@ -9,7 +9,6 @@ the moments the test chooses.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,16 +19,11 @@ from protocol.messages import (PROTOCOL_VERSION, Group, Hello, Prompt, RolloutSp
                                SyncWeights, Work)
 from protocol.transport import LearnerEndpoint
 from protocol.weights import WeightGroup, announce_sync, host_store
+from rlvr.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
 V = PROTOCOL_VERSION
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 class FakeLearner:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import random
-import socket
 from pathlib import Path
 
 import pytest
@@ -13,13 +12,8 @@ import torch
 
 from learner.ranks import decode_plan, encode_plan
 from learner.update import ContrastGroup, LossRow
+from rlvr.launch import free_port
 from tests.conftest import TINY
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_rows(n_active: int, n_zero: int, seed: int = 0) -> list[LossRow]:

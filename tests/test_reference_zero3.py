@@ -8,17 +8,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import random
-import socket
 
 import pytest
 
+from rlvr.launch import free_port
+
 pytestmark = pytest.mark.deepspeed
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def child(model_path: str, port: int, results) -> None:

@@ -5,7 +5,6 @@ fills them), a tied embedding is handed to vLLM under both of its names, and a m
 with the install hint. What vLLM itself does with all this (sampling, log-probs, in-place weight
 updates) is tested on the real engine in tests/test_vllm_real.py."""
 
-import socket
 import sys
 import threading
 
@@ -20,6 +19,7 @@ from actors.engines import Completion, make_engine
 from actors.engines.vllm import (GiB, VLLMEngine, allocate_staging, build_requests,
                                  completion_from_output, engine_kwargs, reload_pairs,
                                  staging_specs)
+from rlvr.launch import free_port
 from tasks.tiny_model import build_tiny
 from protocol.weights import WeightGroup
 from tests.conftest import TINY
@@ -163,12 +163,6 @@ def test_an_untied_model_reloads_exactly_its_staged_tensors(tmp_path):
 def test_staging_buffers_have_the_engine_dtype_and_device(tiny):
     staging = allocate_staging(staging_specs(str(tiny))[0], torch.bfloat16, "cpu")
     assert all(t.dtype == torch.bfloat16 and t.device.type == "cpu" for _, t in staging)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_weight_broadcast_from_a_bf16_learner_fills_the_staging_tensors(tiny):

@@ -11,7 +11,6 @@ the Hugging Face forward agree to about 1e-5. A missing vLLM fails at import: no
 from __future__ import annotations
 
 import copy
-import socket
 import threading
 import time
 
@@ -24,6 +23,7 @@ from actors.engines.vllm import VLLMEngine
 from actors.stream import Rollouts
 from protocol.messages import PROTOCOL_VERSION, Prompt, RolloutSpec, Work
 from protocol.weights import WeightGroup
+from rlvr.launch import free_port
 from tasks.arithmetic import Arithmetic
 from tasks.prompts import prompt_token_ids
 from tasks.verifier import Verifier
@@ -93,12 +93,6 @@ def largest_gap(engine, model, prompts, temperature: float, n: int = 4) -> float
             tokens += len(c.token_ids)
     assert tokens > len(prompts) * n  # responses are not empty: there is something to compare
     return gap
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def broadcast(model, engine) -> None:

@@ -6,7 +6,6 @@ timeout instead of hanging."""
 import contextlib
 import multiprocessing as mp
 import os
-import socket
 import time
 
 import pytest
@@ -15,16 +14,11 @@ from torch import nn
 
 from protocol.weights import (WeightGroup, WeightSyncError, announce_sync, connect_store,
                               host_store, sync_goes_ahead)
+from rlvr.launch import free_port
 from tests.calibration import record
 
 HOST = "127.0.0.1"
 SMALL_BUCKET_BYTES = 256  # forces several buckets per dtype
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def make_model(seed: int, hidden: int = 16) -> nn.Module:

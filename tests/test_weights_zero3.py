@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
 
 import pytest
 import torch
 
+from rlvr.launch import free_port
+
 pytestmark = pytest.mark.deepspeed
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tiny_model(seed: int):
