@@ -31,10 +31,11 @@ import time
 import traceback
 from pathlib import Path
 
-from rlvr.launch import free_port
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from rlvr.launch import free_port  # noqa: E402  (after ROOT is on the path: run as a script)
+
 BUDGETS_S = {"hf_generate": 90, "learner_step": 80, "weight_handover": 80, "async_train": 150,
              "vllm_engine": 70}
 H200_BF16_TFLOPS = 989.0  # dense peak, for a rough MFU
