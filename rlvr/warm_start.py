@@ -13,6 +13,7 @@ README). The result is cached under `warm_start.cache_dir`, keyed by everything 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
@@ -138,15 +139,22 @@ def ensure_warm_start(cfg: Config, log=print, threads: int | None = None) -> Pat
     final = Path(cfg.warm_start.cache_dir) / f"tiny-{warm_start_key(cfg)}"
     if (final / "COMPLETE").exists():
         return final
-    tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    log(f"warm start: training the tiny model ({cfg.warm_start.steps} supervised steps), "
-        f"cached in {final}")
-    train_warm_start(cfg, tmp, log, threads)
-    (tmp / "COMPLETE").write_text("ok\n")
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)  # atomic: a crash never leaves a half-written model that looks done
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # Two runs (or test workers) starting at once on a cold cache: the second waits for the
+    # first's model instead of spending minutes of CPU on the same one beside it.
+    with open(final.with_name(final.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / "COMPLETE").exists():
+            return final
+        tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        log(f"warm start: training the tiny model ({cfg.warm_start.steps} supervised steps), "
+            f"cached in {final}")
+        train_warm_start(cfg, tmp, log, threads)
+        (tmp / "COMPLETE").write_text("ok\n")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)  # atomic: a crash never leaves a half-written model that looks done
     return final
 
 

@@ -59,16 +59,21 @@ def test_a_machine_with_other_cpu_kernels_builds_its_own_warm_start():
                                                                  "ATEN_CPU_CAPABILITY": "default"})
 
 
-def test_the_warm_start_command_refuses_no_threads_and_prints_the_cached_path(tmp_path):
-    def command(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "rlvr.warm_start", str(TINY),
-                               f"warm_start.cache_dir={tmp_path}", "warm_start.steps=2", *args],
-                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+def test_the_warm_start_command_refuses_no_threads_and_two_at_once_build_one_model(tmp_path):
+    def command(*args: str) -> list[str]:
+        return [sys.executable, "-m", "rlvr.warm_start", str(TINY),
+                f"warm_start.cache_dir={tmp_path}", "warm_start.steps=15", *args]
 
-    refused = command("--threads", "0")
+    refused = subprocess.run(command("--threads", "0"), cwd=ROOT, capture_output=True, text=True,
+                             timeout=120)
     assert refused.returncode == 2 and "--threads must be >= 1" in refused.stderr
     assert not any(tmp_path.iterdir())  # refused before anything was built
-    built = command("--threads", "1")
-    assert built.returncode == 0, built.stderr
-    path = Path(built.stdout.strip().splitlines()[-1])
-    assert path.parent == tmp_path and (path / "COMPLETE").exists()
+    # two builds of the same cold cache at once (15 steps outlast the start-up skew): the
+    # second waits on the first's lock and finds its model
+    both = [subprocess.Popen(command("--threads", "1"), cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=180)[0] for p in both]
+    assert [p.returncode for p in both] == [0, 0], outs
+    assert sum(out.count("warm start: training the tiny model") for out in outs) == 1, outs
+    paths = {Path(out.strip().splitlines()[-1]) for out in outs}
+    assert len(paths) == 1 and (paths.pop() / "COMPLETE").exists()
