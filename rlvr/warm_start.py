@@ -146,12 +146,17 @@ def ensure_warm_start(cfg: Config, log=print, threads: int | None = None) -> Pat
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / "COMPLETE").exists():
             return final
+        for left in final.parent.glob(final.name + ".tmp-*"):  # a killed builder's, safe under the lock
+            shutil.rmtree(left, ignore_errors=True)
         tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         log(f"warm start: training the tiny model ({cfg.warm_start.steps} supervised steps), "
             f"cached in {final}")
-        train_warm_start(cfg, tmp, log, threads)
+        try:
+            train_warm_start(cfg, tmp, log, threads)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         (tmp / "COMPLETE").write_text("ok\n")
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)  # atomic: a crash never leaves a half-written model that looks done

@@ -76,9 +76,12 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_unconfigure(config):
     proc = _demo_build.get("proc")
-    if proc is not None and proc.poll() is None:  # the session ended before it was needed
-        proc.kill()
-        proc.wait()
+    if proc is not None and proc.poll() is None:  # this session ended before it was needed
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            proc.wait(timeout=900)  # another worker may still need it: let it finish
+        else:
+            proc.kill()
+            proc.wait()
     if "log" in _demo_build:
         _demo_build["log"].close()
 

@@ -72,7 +72,11 @@ def test_the_warm_start_command_refuses_no_threads_and_two_at_once_build_one_mod
     # second waits on the first's lock and finds its model
     both = [subprocess.Popen(command("--threads", "1"), cwd=ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
-    outs = [p.communicate(timeout=180)[0] for p in both]
+    try:
+        outs = [p.communicate(timeout=180)[0] for p in both]
+    finally:
+        for p in both:
+            p.kill()
     assert [p.returncode for p in both] == [0, 0], outs
     assert sum(out.count("warm start: training the tiny model") for out in outs) == 1, outs
     paths = {Path(out.strip().splitlines()[-1]) for out in outs}
