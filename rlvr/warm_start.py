@@ -146,7 +146,8 @@ def ensure_warm_start(cfg: Config, log=print, threads: int | None = None) -> Pat
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / "COMPLETE").exists():
             return final
-        for left in final.parent.glob(final.name + ".tmp-*"):  # a killed builder's, safe under the lock
+        # a killed builder's folder, safe to remove under the lock
+        for left in final.parent.glob(final.name + ".tmp-*"):
             shutil.rmtree(left, ignore_errors=True)
         tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
         tmp.mkdir(parents=True)

@@ -51,9 +51,9 @@ _demo_build: dict = {}
 # whole to whichever worker is free, using the core the busy lane leaves idle. Measured on the whole
 # suite run one test after another: 1.55 of 2 cores busy, 465 core-seconds idle. The SLURM files
 # share a lane because they share one cluster (a session fixture, per worker).
-BUSY_LANE = {"test_algorithms_e2e.py", "test_bench.py", "test_bench_generation.py", "test_e2e.py",
-             "test_e2e_learner.py", "test_faults.py", "test_faults_wire.py", "test_learner_ranks.py",
-             "test_sweep.py", "test_calibration.py"}
+BUSY_LANE = {"test_algorithms_e2e.py", "test_bench.py", "test_bench_generation.py",
+             "test_e2e.py", "test_e2e_learner.py", "test_faults.py", "test_faults_wire.py",
+             "test_learner_ranks.py", "test_sweep.py", "test_calibration.py"}
 SLURM_LANE = {"test_slurm_cluster.py", "test_sweep_slurm.py"}
 
 

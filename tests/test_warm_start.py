@@ -80,4 +80,5 @@ def test_the_warm_start_command_refuses_no_threads_and_two_at_once_build_one_mod
     assert [p.returncode for p in both] == [0, 0], outs
     assert sum(out.count("warm start: training the tiny model") for out in outs) == 1, outs
     paths = {Path(out.strip().splitlines()[-1]) for out in outs}
-    assert len(paths) == 1 and (paths.pop() / "COMPLETE").exists()
+    path = paths.pop()
+    assert not paths and path.parent == tmp_path and (path / "COMPLETE").exists()
