@@ -3,9 +3,9 @@ of freshly generated groups (ALGORITHMS.md 1.2, 8.2, 9). learner/algorithms.py t
 training rows with them.
 
 Consumption-side staleness (8.2): a group whose oldest sample is more than `max_staleness`
-versions behind the learner is dropped (`drop`), kept with its loss scaled by
-gamma^(staleness - bound) (`downweight`), or kept as is, relying on the truncated behaviour
-weight (`tis`).
+versions behind the learner is kept as is, relying on the truncated behaviour weight (`tis`, the
+default), kept with its loss scaled by gamma^(staleness - bound) (`downweight`), or dropped
+(`drop`); `selection_metrics` shows what the last two take by length and stage.
 """
 
 from __future__ import annotations
@@ -66,9 +66,13 @@ def generation_cost(groups: list[Group], dropped: list[Group] = ()) -> dict:
     }
 
 
-def group_metrics(groups: list[Group], dropped: list[Group] = ()) -> dict:
+def group_metrics(groups: list[Group], dropped: list[Group] = (),
+                  trained: list[Group] | None = None) -> dict:
     """Raw statistics of the step's freshly generated groups, before any intervention (the
-    stale-dropped ones count in the generation cost only: they never reach the loss)."""
+    stale-dropped ones count in the generation cost only: they never reach the loss), and what
+    the consumption rules took out of them: the dropped and the `trained` groups' lengths and
+    sampling stages beside all generated ones (a rule that keeps short, early-stage groups
+    shows as a gap between the two)."""
     samples = [s for g in groups for s in g.samples]
     lengths = np.array([len(s.token_ids) for s in samples]) if samples else np.zeros(1)
     accs = [[s.acc for s in g.samples] for g in groups]
@@ -90,7 +94,39 @@ def group_metrics(groups: list[Group], dropped: list[Group] = ()) -> dict:
         "resp/len_mean_incorrect": _mean_len(samples, False),
         "gen/policy_version_min": min((s.policy_version for s in samples), default=0),
         "gen/policy_version_max": max((s.policy_version for s in samples), default=0),
+        **selection_metrics([*groups, *dropped], dropped, groups if trained is None else trained),
     }
+
+
+def last_stage(group: Group) -> int:
+    """The sampling stage a group ended in: AR3PO's stage, AERO's round, HORA's phase (0 =
+    the first)."""
+    return max((s.stage for s in group.samples), default=0)
+
+
+def selection_metrics(generated: list[Group], dropped: list[Group], trained: list[Group]) -> dict:
+    """Length and stage of what was generated (stale-dropped groups included: `resp/len_p90`
+    leaves them out), dropped as stale, and trained (DAPO's filtered and surplus groups left
+    out too). `groups/later_stage_frac*`: groups that needed more than their first stage."""
+    def lengths(gs):
+        return [len(s.token_ids) for g in gs for s in g.samples]
+
+    def later_stage_frac(gs):
+        return sum(last_stage(g) > 0 for g in gs) / len(gs) if gs else None
+
+    out = {"resp/len_generated_p90": _p(lengths(generated), 90),
+           "resp/len_trained_p90": _p(lengths(trained), 90),
+           "groups/later_stage_frac": later_stage_frac(generated),
+           "groups/later_stage_frac_trained": later_stage_frac(trained)}
+    if dropped:
+        out.update({"stale/dropped_len_p50": _p(lengths(dropped), 50),
+                    "stale/dropped_len_p90": _p(lengths(dropped), 90),
+                    "stale/dropped_stage_mean": float(np.mean([last_stage(g) for g in dropped]))})
+    return out
+
+
+def _p(values: list[int], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
 
 
 def work_item_records(groups: list[Group]) -> list[list]:

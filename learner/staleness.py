@@ -2,8 +2,10 @@
 
 What: the admission rule the coordinator applies before handing out a prompt, the consumption
 rule for samples that still came back staler than the bound, and the `stale/*` metrics (§9).
-Why: the bound eta = max_staleness (AReaL's max_head_offpolicyness) limits off-policyness twice,
-at admission and at consumption; eta = 0 reproduces synchronous training. Staleness is
+Why: the bound eta = max_staleness (AReaL's max_head_offpolicyness) limits off-policyness at
+admission; a group that still outlives it (a long answer, a late sampling stage) is by default
+trained under the truncated behaviour weight, as in AReaL and PipelineRL, since dropping it would
+filter by length and difficulty; eta = 0 reproduces synchronous training. Staleness is
 lambda = v_learner - v_behaviour in policy versions (one version per optimizer step).
 
 Run the tests with: .venv/bin/python -m pytest tests/test_staleness.py
@@ -35,8 +37,8 @@ def staleness_weight(
     """Consumption rule (§8.2 [I]): loss weight of a sample, or None to drop it.
 
     Within the bound the weight is 1. Beyond it:
-      "drop" (default): None;  "downweight": gamma ** (staleness - max_staleness);
-      "tis": 1, relying on the truncated behaviour weight of §8.3 (learner/losses.py).
+      "drop": None;  "downweight": gamma ** (staleness - max_staleness);
+      "tis" (default): 1, relying on the truncated behaviour weight of §8.3 (learner/losses.py).
     """
     if staleness < 0:
         raise ValueError(f"staleness must be >= 0 (behaviour version ahead of the learner?), got {staleness}")

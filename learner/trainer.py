@@ -33,11 +33,12 @@ from learner.coordinator import Coordinator
 from learner.algorithms import AlgorithmState, build_step
 from learner.data import PromptSource, PromptStream, held_out, rollout_spec
 from learner.engine import build_engine, build_reference, init_learner_distributed, publish_weights
-from learner.groups import group_metrics, is_stale
+from learner.groups import group_metrics, group_staleness, is_stale
 from learner.losses import dapo_keep_group
 from learner.ranks import PlanChannel, train_step
 from learner.run_log import RunLog, set_aside_run, write_json_atomic
 from protocol.config import Config, to_dict
+from protocol.config_checks import config_warnings
 from protocol.messages import Group
 from protocol.transport import LearnerEndpoint
 from protocol.weights import WeightGroup, WeightSyncError, announce_sync, host_store
@@ -65,6 +66,8 @@ class Learner:
         self.reference = build_reference(cfg)  # KL: the initial weights, also after a resume
         self.followers = PlanChannel()  # learner ranks 1..R-1 (none with one rank)
         self.step = self.version = data_index = 0
+        for warning in config_warnings(cfg):
+            log.warning(warning)
         self.algo = AlgorithmState(cfg)
         checkpoint = latest_checkpoint(run_dir) if resume else None
         # resumed with no complete checkpoint (killed before the first one): start the run
@@ -97,6 +100,9 @@ class Learner:
                                  rollout_spec(cfg), G, cfg.work_size,
                                  cfg.staleness_bound, slots_taken=self.version * G)
         self.stage_end = self.stage_version = self.stage_start = self.step  # mode=staged
+        # the version the actors hold (the last one published): admission counts from it, since
+        # under weight_sync.sync_every > 1 they sample up to sync_every - 1 versions behind
+        self.actors_version = self.version
         # the weight group's rendezvous store, hosted for the whole run (actors connect to it
         # before they say hello; each membership change forms a new group over it)
         self.weight_store = host_store(cfg.net.learner_host, cfg.net.weights_port,
@@ -160,6 +166,7 @@ class Learner:
                                               c.weight_backend, epoch=coord.epoch,
                                               store=self.weight_store)
         publish_weights(self.engine, self.weights, c.weight_sync.bucket_mb << 20)
+        self.actors_version = self.version
         self.sync_waits.append(time.time() - t0)
 
     def _close_weight_group(self) -> None:
@@ -194,7 +201,7 @@ class Learner:
     def _admit(self) -> None:
         c = self.cfg
         if c.mode != "staged":
-            self.coord.admit(self.version)
+            self.coord.admit(self.actors_version)
             return
         if self.step >= self.stage_end:  # a new stage: its groups, sampled with these weights
             length = min(c.mugrpo.updates_per_stage, c.run.steps - self.step)
@@ -239,7 +246,11 @@ class Learner:
             rounds += 1  # another generation batch for this step (admitted at this version)
             coord.release(batch)
         info = {"perf/learner_idle_s": time.time() - t0,
-                "stale/dropped_frac": len(dropped) / max(len(generated) + len(dropped), 1)}
+                "stale/dropped_frac": len(dropped) / max(len(generated) + len(dropped), 1),
+                # trained although staler than the bound (stale_policy tis or downweight): the
+                # groups that outlived admission's bound, kept under the behaviour weight
+                "stale/over_bound_groups": sum(
+                    group_staleness(g, self.version) > c.staleness_bound for g in kept)}
         if dropped:
             info["stale/dropped_groups"] = len(dropped)
         if filtering:
@@ -290,7 +301,7 @@ class Learner:
             groups, generated, dropped, metrics = self._gather()
             batch = build_step(groups, self.algo, c, self.version, self.step,
                                self._goldens(groups))
-            metrics.update(group_metrics(generated, dropped))
+            metrics.update(group_metrics(generated, dropped, trained=groups))
             metrics["groups/trained_ids"] = [g.group_id for g in groups]  # audit: none twice
             metrics["gen/responses_per_trained_prompt"] = (
                 metrics["gen/responses_per_step"] / max(len(groups), 1))

@@ -321,10 +321,15 @@ class Config:
     trains; staged: Mu-GRPO stages of mugrpo.updates_per_stage steps on data sampled with the
     stage's frozen weights (weights are published only between stages)."""
     max_staleness: int = 2
-    """Async: bound on policy versions between the weights that sampled a response and the
-    learner that consumes it, enforced at admission and at consumption."""
-    stale_policy: Literal["drop", "downweight", "tis"] = "drop"
-    """What to do with a sample staler than max_staleness when consumed."""
+    """Async: bound on policy versions between the actors' weights and the learner's, enforced
+    when work is handed out (admission). A group still running when the learner moves on can
+    come back staler than the bound: stale_policy says what happens to it."""
+    stale_policy: Literal["drop", "downweight", "tis"] = "tis"
+    """A group staler than max_staleness when consumed: tis (default) = trained like any other,
+    its off-policy part corrected per token by the truncated behaviour weight (loss.
+    behav_weight_cap), as AReaL and PipelineRL do; drop = thrown away (its slot goes to another
+    prompt); downweight = loss x 0.5 per version over the bound. drop and downweight act on the
+    long and late-stage groups, so they filter by length and difficulty (a warning says so)."""
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)

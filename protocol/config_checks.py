@@ -196,9 +196,10 @@ def _loss_problems(cfg: Config) -> list[str]:
 
 def _weight_sync_problems(cfg: Config) -> list[str]:
     """sync_every against the schedule: 0 divides by zero; in sync mode anything but 1 makes
-    every group stale (the actors sample with older weights than the learner trains); under
-    `drop`, a period above max_staleness + 1 makes every group of the step before a sync too
-    stale, so that step never fills (ALGORITHMS.md 8.2); in staged mode weights move only
+    every group stale (the actors sample with older weights than the learner trains); in async
+    mode admission counts the actors' weights, which lag up to sync_every - 1 versions behind
+    the learner, so a period above max_staleness + 1 leaves the step before a sync with groups
+    that admission never hands out (ALGORITHMS.md 8.2); in staged mode weights move only
     between stages, so the key does nothing."""
     k, found = cfg.weight_sync.sync_every, []
     if k < 1:
@@ -211,14 +212,29 @@ def _weight_sync_problems(cfg: Config) -> list[str]:
         case "staged" if k != 1:
             found.append(f"'weight_sync.sync_every' does nothing in mode staged (got {k}): weights "
                          "move to the actors only between stages (mugrpo.updates_per_stage)")
-        case "async" if cfg.stale_policy == "drop" and k > cfg.max_staleness + 1:
+        case "async" if k > cfg.max_staleness + 1:
             found.append(
                 f"'weight_sync.sync_every' ({k}) must be <= max_staleness + 1 "
-                f"({cfg.max_staleness + 1}) with stale_policy 'drop': the step before a sync "
-                f"trains on weights {k - 1} versions old at best, every group would be dropped "
-                "and the learner would never step (raise max_staleness, or use stale_policy "
-                "'tis' or 'downweight')")
+                f"({cfg.max_staleness + 1}): admission counts the actors' weights, which are "
+                f"up to {k - 1} versions behind the learner's before a sync, so the learner "
+                "would wait for groups that the staleness bound never lets out (raise "
+                "max_staleness, or sync more often)")
     return found
+
+
+def config_warnings(cfg: Config) -> list[str]:
+    """Settings that work but bias the data, said at the start of a run (launcher and learner):
+    under `drop` or `downweight` the groups that outlive the bound are the long answers and the
+    late stages (AR3PO's second stage, AERO's rescue rounds, HORA's second phase), the hard
+    prompts, so the consumption rule filters (or discounts) by length and difficulty."""
+    if cfg.mode != "async" or cfg.stale_policy == "tis":
+        return []
+    verb = "dropped" if cfg.stale_policy == "drop" else "down-weighted"
+    return [f"stale_policy '{cfg.stale_policy}': groups that come back staler than "
+            f"max_staleness ({cfg.max_staleness}) are {verb}, and those are the long answers and "
+            "the late sampling stages (the hard prompts): a filter by length and difficulty. "
+            "See stale/dropped_len_p90 and stale/dropped_stage_mean against resp/len_p90; the "
+            "default 'tis' trains every group under the truncated importance weight"]
 
 
 def _update_problems(cfg: Config) -> list[str]:

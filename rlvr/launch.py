@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from protocol.config import Config, ConfigError, load_config, write_resolved
+from protocol.config_checks import config_warnings
 
 
 def ephemeral_ports() -> tuple[int, int]:
@@ -173,6 +174,8 @@ def train(config_path: str | None, overrides: list[str], resume_dir: str | None,
 
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         return 0
+    for warning in config_warnings(cfg):  # the learner's log says it again
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cfg = resolve(cfg, log=lambda line: print(line, flush=True))
     return launch(cfg, run_dir, resume=bool(resume_dir))

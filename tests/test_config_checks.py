@@ -75,12 +75,25 @@ def test_a_value_that_cannot_work_is_refused_naming_its_key(overrides, message):
     assert re.search(message, text), text
 
 
-def test_sync_every_within_the_staleness_bound_or_with_a_keeping_policy_is_accepted():
-    ok = load_config(TINY, ["mode=async", "max_staleness=2", "weight_sync.sync_every=3"])
-    assert ok.weight_sync.sync_every == 3
-    tis = load_config(TINY, ["mode=async", "max_staleness=0", "weight_sync.sync_every=4",
-                             "stale_policy=tis"])
-    assert tis.weight_sync.sync_every == 4
+def test_sync_every_within_the_staleness_bound_is_accepted_whatever_the_stale_policy():
+    for policy in ("tis", "drop", "downweight"):
+        ok = load_config(TINY, ["mode=async", "max_staleness=2", "weight_sync.sync_every=3",
+                                f"stale_policy={policy}"])
+        assert ok.weight_sync.sync_every == 3
+    # admission counts the actors' weights: past the bound the learner would wait forever,
+    # whether or not the consumption rule keeps stale groups
+    assert "must be <= max_staleness + 1" in refusal("mode=async", "max_staleness=0",
+                                                     "weight_sync.sync_every=4", "stale_policy=tis")
+
+
+def test_a_consumption_rule_that_filters_by_length_is_said_at_the_start():
+    from protocol.config_checks import config_warnings
+
+    assert load_config(TINY).stale_policy == "tis" and config_warnings(load_config(TINY)) == []
+    for policy in ("drop", "downweight"):
+        (warning,) = config_warnings(load_config(TINY, ["mode=async", f"stale_policy={policy}"]))
+        assert f"stale_policy '{policy}'" in warning and "length and difficulty" in warning
+    assert config_warnings(load_config(TINY, ["mode=sync", "stale_policy=drop"])) == []
 
 
 def test_every_problem_is_listed_at_once():

@@ -132,7 +132,9 @@ def test_an_actor_killed_twice_is_restarted_and_the_run_finishes_with_no_group_t
     assert last["faults/actor_restarts"] == 2
     assert last["faults/weight_group_epoch"] >= 3  # start, and once per restart at least
     assert last["actors/live"] == 2
-    assert all(r["stale/max"] <= 1 for r in rows[1:])  # the staleness bound held throughout
+    # no group dropped; one that outlived admission's bound (1) is trained and counted
+    assert all(r["gen/responses_dropped_stale"] == 0 for r in rows[1:])
+    assert all(r["stale/max"] <= 1 or r["stale/over_bound_groups"] > 0 for r in rows[1:])
     final = processes(run_dir)["actors"]
     assert {int(final[a]["pid"]) for a in ("0", "1")}.isdisjoint(killed)
 

@@ -21,9 +21,11 @@ def config(*overrides: str) -> Config:
                  ["mode=async", "max_staleness=1", "rollout.prompts_per_step=2", *overrides])
 
 
-def group(gid: str, version: int, n: int, gen_time_s: float = 0.5) -> Group:
-    samples = [Sample(token_ids=[5] * 3, logprobs=[-0.1] * 3, policy_version=version,
-                      reward=float(i == 0), acc=i == 0, truncated=False) for i in range(n)]
+def group(gid: str, version: int, n: int, gen_time_s: float = 0.5, length: int = 3,
+          stage: int = 0) -> Group:
+    samples = [Sample(token_ids=[5] * length, logprobs=[-0.1] * length, policy_version=version,
+                      reward=float(i == 0), acc=i == 0, truncated=False,
+                      stage=stage if i == n - 1 else 0) for i in range(n)]
     return Group(protocol_version=3, policy_version=version, group_id=gid, prompt_id=gid,
                  actor_id=0, work_id="w", prompt_token_ids=[1], samples=samples,
                  gen_time_s=gen_time_s)
@@ -56,7 +58,7 @@ def gather(cfg: Config, arrivals: list[Group], version: int):
 def test_a_stale_dropped_group_counts_in_the_steps_generation_cost():
     # learner at version 5, bound 1: the group sampled with version 2 is dropped, and replaced
     arrivals = [group("old", 2, n=8), group("a", 5, n=8), group("b", 4, n=6)]
-    kept, generated, dropped, info, coord = gather(config(), arrivals, version=5)
+    kept, generated, dropped, info, coord = gather(config("stale_policy=drop"), arrivals, 5)
     assert [g.group_id for g in kept] == ["a", "b"] and [g.group_id for g in dropped] == ["old"]
     assert coord.released == 1  # its admission slot went to a replacement
     m = group_metrics(generated, dropped)
@@ -66,10 +68,34 @@ def test_a_stale_dropped_group_counts_in_the_steps_generation_cost():
     assert m["gen/tokens"] == 3 * (8 + 8 + 6) and m["perf/actor_gen_s"] == 1.5
     # the raw group statistics describe what reached the step, not the dropped group
     assert m["groups/frac_all_fail_raw"] == 0.0 and m["resp/len_mean"] == 3.0
-    assert info["stale/dropped_frac"] == 1 / 3
+    assert info["stale/dropped_frac"] == 1 / 3 and info["stale/over_bound_groups"] == 0
 
 
 def test_without_drops_the_cost_is_that_of_the_consumed_groups():
     kept, generated, dropped, _, coord = gather(config(), [group("a", 5, 8), group("b", 5, 4)], 5)
     assert dropped == [] and coord.released == 0
     assert group_metrics(generated, dropped)["gen/responses_per_step"] == 12
+
+
+def test_by_default_a_group_staler_than_the_bound_is_trained_and_shows_in_the_step():
+    # the long, second-stage group admitted three versions ago: trained (the truncated behaviour
+    # weight corrects it), no slot released, and the length and stage statistics agree
+    arrivals = [group("long", 2, n=8, length=40, stage=1), group("a", 5, n=8), group("b", 5, 6)]
+    kept, generated, dropped, info, coord = gather(config(), arrivals, version=5)
+    assert [g.group_id for g in kept] == ["long", "a"] and dropped == [] and coord.released == 0
+    assert info["stale/dropped_frac"] == 0 and "stale/dropped_groups" not in info
+    assert info["stale/over_bound_groups"] == 1
+    m = group_metrics(generated, dropped, trained=kept)
+    assert m["resp/len_trained_p90"] == m["resp/len_generated_p90"] == 40
+    assert m["groups/later_stage_frac_trained"] == 1 / 2
+    assert "stale/dropped_len_p90" not in m
+
+
+def test_what_drop_takes_is_measured_against_what_was_generated():
+    arrivals = [group("long", 2, n=8, length=40, stage=1), group("a", 5, n=8), group("b", 5, 6)]
+    kept, generated, dropped, _, _ = gather(config("stale_policy=drop"), arrivals, version=5)
+    m = group_metrics(generated, dropped, trained=kept)
+    assert (m["stale/dropped_len_p50"], m["stale/dropped_len_p90"]) == (40, 40)
+    assert m["stale/dropped_stage_mean"] == 1.0
+    assert m["resp/len_generated_p90"] == 40 and m["resp/len_trained_p90"] == 3
+    assert m["groups/later_stage_frac"] == 1 / 3 and m["groups/later_stage_frac_trained"] == 0

@@ -65,7 +65,8 @@ def run(config: str, out_dir: Path, overrides: list[str], steps: int | None,
     for name, run_dir in runs.items():
         got = run_throughput(read_metrics(run_dir), cfg.actors.count, skip)
         s = 0 if name == "sync" else int(name.split("_s")[1])
-        split = Split(cfg.actors.count, cfg.learner.ranks, s, cfg.actors.inflight_update)
+        split = Split(cfg.actors.count, cfg.learner.ranks, s, cfg.actors.inflight_update,
+                      cfg.stale_policy)
         here = predict(m, split, steps=cfg.run.steps, seeds=sim_seeds, machine=shared,
                        skip_first=skip)
         cluster = predict(m, split, steps=cfg.run.steps, seeds=sim_seeds, skip_first=skip)

@@ -52,6 +52,8 @@ def predict(m: Measurements, split: Split, steps: int = 400, seeds: int = 3,
             "learner_busy_frac": avg("learner_busy_frac"),
             "actor_busy_frac": avg("actor_busy_frac"), "sync_s_per_step": avg("sync_s_per_step"),
             "stale_mean": avg("stale_mean"), "stale_max": max(r.stale_max for r in runs),
+            "stale_policy": split.stale_policy, "dropped_groups": avg("dropped_groups"),
+            "over_bound_groups": avg("over_bound_groups"),
             "bound_steps_per_min": overlap_bound_steps_per_min(m, split, allreduce_s)}
 
 
@@ -76,7 +78,7 @@ def plan(run_dir: str | Path, actors: list[int], ranks: list[int], staleness: li
     m = measure(run_dir)
     policies = inflight or [m.inflight_update]
     # in sync nothing is in flight when weights come: one row, whatever the policy
-    splits = [Split(a, r, s, p) for a, r, s, p in itertools.product(actors, ranks, staleness,
+    splits = [Split(a, r, s, p, m.stale_policy) for a, r, s, p in itertools.product(actors, ranks, staleness,
                                                                       policies)
               if s > 0 or p == policies[0]]
     rows = [predict(m, split, steps, seeds, allreduce_s, machine) for split in splits]

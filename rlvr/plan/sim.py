@@ -62,6 +62,9 @@ class Split:
     inflight_update: str = "finish"
     """How actors take new weights with requests running (actors.inflight_update): finish,
     continue or abort."""
+    stale_policy: str = "tis"
+    """A group that comes back staler than the bound (stale_policy): trained (tis, downweight)
+    or dropped, its slot going to another prompt (drop)."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,8 @@ class SimResult:
     stale_max: int
     stale_hist: list[int]
     dropped_groups: int
+    over_bound_groups: int
+    """Trained groups staler than the bound (none under drop)."""
     step_s: list[float] = field(repr=False)
 
 
@@ -237,12 +242,14 @@ def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Gene
         raise ValueError(f"need actors >= 1, learner_ranks >= 1, max_staleness >= 0: {split}")
     if split.inflight_update not in ("finish", "continue", "abort"):
         raise ValueError(f"inflight_update must be finish, continue or abort: {split}")
+    if split.stale_policy not in ("tis", "downweight", "drop"):
+        raise ValueError(f"stale_policy must be tis, downweight or drop: {split}")
     if work.prompts_per_step < 1 or work.prompts_per_work < 1 or work.sync_every < 1:
         raise ValueError(f"need prompts_per_step, prompts_per_work, sync_every >= 1: {work}")
     if work.sync_every - 1 > split.max_staleness:
-        # between publishes the actors' weights fall sync_every - 1 versions behind: every group
-        # of the last step before a publish would be staler than the bound, dropped, and
-        # sampled again with the same weights, forever (the real learner would hang as well)
+        # between publishes the actors' weights fall sync_every - 1 versions behind, and
+        # admission counts from theirs: the last steps before a publish would wait for groups
+        # the bound never lets out (the config refuses it)
         raise ValueError(f"sync_every {work.sync_every} needs max_staleness >= "
                          f"{work.sync_every - 1}, got {split.max_staleness}")
     if steps < 2:
@@ -251,9 +258,9 @@ def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Gene
     skip = min(skip, steps - 1)
     world = _World(split, work, generation, decode, machine, random.Random(seed))
     need, bound = work.prompts_per_step, split.max_staleness
-    version = 0
+    version = published = 0
     stale_hist = [0] * (bound + 2)
-    dropped = 0
+    dropped = over_bound = stale_max = stale_sum = 0
     step_s, gather_s, sync_s = [], [], []
     busy_at_skip = [0.0] * split.actors
     t_skip = 0.0
@@ -264,13 +271,15 @@ def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Gene
         t0 = world.now
         taken: list[tuple[int, float]] = []
         while True:  # learner._gather
-            world.admit(version)
+            world.admit(published)  # the learner admits against the actors' weights
             while world.ready and len(taken) < need:
                 group = world.ready.popleft()
-                if version - group[0] > bound:  # consumption rule: drop, free the slot
-                    dropped += 1
-                    world.submitted -= 1
-                    continue
+                if version - group[0] > bound:  # consumption rule
+                    if split.stale_policy == "drop":  # thrown away, its slot to another
+                        dropped += 1
+                        world.submitted -= 1
+                        continue
+                    over_bound += 1
                 taken.append(group)
             if len(taken) >= need:
                 break
@@ -279,12 +288,15 @@ def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Gene
         gather_s.append(world.now - t0)
         for v, _ in taken:
             stale_hist[min(version - v, bound + 1)] += 1
+            stale_max = max(stale_max, version - v)
+            stale_sum += version - v
         train_tokens = sum(tok for _, tok in taken)
         world.compute(costs.fixed_s + costs.update(split.learner_ranks, train_tokens))
         version += 1
         t_sync = world.now
         if version % work.sync_every == 0 or step == steps - 1:
             world.broadcast(version, costs.broadcast_s)
+            published = version
         sync_s.append(world.now - t_sync)
         step_s.append(world.now - t0)
     window = step_s[skip:]
@@ -297,6 +309,6 @@ def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Gene
         actor_busy_frac=busy / (wall * split.actors) if wall > 0 else 0.0,
         sync_s_per_step=sum(sync_s[skip:]) / len(window),
         gather_s_per_step=sum(gather_s[skip:]) / len(window),
-        stale_mean=sum(k * n for k, n in enumerate(stale_hist)) / total if total else 0.0,
-        stale_max=max((k for k, n in enumerate(stale_hist) if n), default=0),
-        stale_hist=stale_hist, dropped_groups=dropped, step_s=step_s)
+        stale_mean=stale_sum / total if total else 0.0,
+        stale_max=stale_max, stale_hist=stale_hist, dropped_groups=dropped,
+        over_bound_groups=over_bound, step_s=step_s)
