@@ -110,3 +110,70 @@ def test_a_weight_update_between_two_steps_tags_the_tokens_that_follow(setup):
         ref = full_forward_logp(hf, prompt, f.token_ids)  # the old weights
         assert (torch.tensor(f.logprobs[:k]) - ref[:k]).abs().max() < 1e-4
         assert (torch.tensor(f.logprobs[k:]) - ref[k:]).abs().max() > 1e-2
+
+
+def load_new_weights(engine, tok, seed: int, version: int):
+    """Broadcast-like in-place update to a fresh random model of `seed`; returns that model."""
+    new = build_model(tok, hidden=64, layers=2, heads=2, ffn=128, seed=seed).eval()
+    named = dict(new.named_parameters())
+    engine.pairs = [*named.items(), ("lm_head.weight", named["model.embed_tokens.weight"])]
+    engine.commit_weights()
+    engine.policy_version = version
+    return new
+
+
+def long_prompt(engine, tok) -> list[int]:
+    """A prompt filling at least one whole KV block: only whole blocks enter the prefix cache."""
+    block = engine._llm.llm_engine.vllm_config.cache_config.block_size
+    terms = 2
+    while len(ids := prompt_token_ids(tok, "+".join(map(str, range(1, terms))) + "=")) <= block:
+        terms += 1
+    assert len(ids) + 24 <= 256, (len(ids), block)  # fits max_model_len with its answer
+    return ids
+
+
+def test_no_request_decodes_over_prompt_blocks_cached_by_older_weights(setup):
+    # under `continue` vLLM refuses the prefix-cache reset (a request holds blocks), so the
+    # blocks of a prompt computed by the old weights stay cached; a request queued before the
+    # update and one added after it must both be computed by the new weights
+    engine, tok, _ = setup
+    prompt = long_prompt(engine, tok)
+    engine.add(200, prompt, max_new_tokens=24)
+    for _ in range(3):
+        engine.step()
+    assert engine.running() == [200]
+    engine.add(201, prompt, max_new_tokens=24)  # queued: no step since
+    refused = engine.prefix_cache_resets_refused
+    new = load_new_weights(engine, tok, seed=11, version=5)
+    assert engine.prefix_cache_resets_refused == refused + 1  # 200 holds its blocks
+    engine.add(202, prompt, max_new_tokens=24)
+    done = {}
+    while engine.unfinished():
+        done.update((f.request_id, f) for f in engine.step())
+    assert len(done[200].version_runs) == 2  # crossed the update (its old KV kept: continue)
+    for rid in (201, 202):
+        f = done[rid]
+        assert f.version_runs == [(5, len(f.token_ids))], rid
+        ref = full_forward_logp(new, prompt, f.token_ids)
+        assert (torch.tensor(f.logprobs) - ref).abs().max() < 1e-4, rid
+
+
+def test_a_hold_keeps_unstarted_requests_out_of_vllm_until_admitted(setup):
+    # a `finish` sync holds new requests and waits for the decoding ones; a request vLLM had
+    # been given but not started must not start meanwhile (it would be waited for too)
+    engine, tok, _ = setup
+    model = load_new_weights(engine, tok, seed=13, version=6)
+    first, second = (prompt_token_ids(tok, q) for q in ("12+34=", "56+7="))
+    engine.add(300, first, max_new_tokens=24)
+    engine.step()
+    engine.add(301, second, max_new_tokens=24)
+    done = {}
+    while engine.running():
+        done.update((f.request_id, f) for f in engine.step(admit=False))
+        assert 301 not in engine.running()
+    assert set(done) == {300} and engine.unfinished() == 1
+    while engine.unfinished():
+        done.update((f.request_id, f) for f in engine.step())
+    f = done[301]
+    ref = full_forward_logp(model, second, f.token_ids)
+    assert (torch.tensor(f.logprobs) - ref).abs().max() < 1e-4

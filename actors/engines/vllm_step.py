@@ -10,22 +10,31 @@ Why in-process and step by step: with `VLLM_ENABLE_V1_MULTIPROCESSING=0` (set by
 engine core runs in the actor's process, so between two `step()` calls the actor can read its
 messages, start and abort requests and load new weights (`reload_weights`). Under
 `actors.inflight_update: continue` the running requests keep their KV blocks, computed under
-the old weights, and decode on under the new ones (as PipelineRL does); vLLM refuses to reset its
-prefix cache while requests hold blocks, so a request started just after such an update can
-also reuse prompt blocks the old weights computed. Under `finish` and `abort` nothing runs at
-an update and the prefix cache is reset.
+the old weights, and decode on under the new ones (as PipelineRL does; every token is tagged with
+the version that sampled it).
 
-Facts about vLLM 0.32 this relies on (read in vllm/v1/engine/llm_engine.py and
-vllm/sampling_params.py, checked by tests/test_vllm_step.py on the real vLLM):
-- `LLMEngine.add_request(request_id: str, {"prompt_token_ids": [...]}, SamplingParams)`,
-  `step() -> list[RequestOutput]`, `abort_request([ids])`, `has_unfinished_requests()`.
+No request starts over KV of older weights: vLLM refuses to reset its prefix cache while
+requests hold blocks (always, under steady `continue`), so every request carries a cache salt
+naming the weights it was started under (`cache_salt`: blocks are shared only between requests of
+the same salt), and at a weight update every request that has not produced a token yet (queued,
+or part-way through its prompt's prefill) is taken out and started again under the new salt. A
+sample's prompt KV is therefore always computed by the weights of its first token, the version
+the staleness rules read. Refused resets are counted (`prefix_cache_resets_refused`).
+
+`step(admit=False)` holds back what has not started: vLLM schedules every request it has been
+given, so requests without a token are taken out of vLLM and put back at the next
+`step(admit=True)`; a `finish` sync waits only for the requests that are decoding.
+
+Facts about vLLM 0.32 this relies on (read in vllm/v1/engine/llm_engine.py,
+vllm/sampling_params.py, vllm/inputs/engine.py and vllm/v1/core/block_pool.py, checked by
+tests/test_vllm_step.py on the real vLLM):
+- `LLMEngine.add_request(request_id: str, {"prompt_token_ids": [...], "cache_salt": str},
+  SamplingParams)`, `step() -> list[RequestOutput]`, `abort_request([ids])`.
 - `SamplingParams(output_kind=RequestOutputKind.DELTA)`: each RequestOutput carries only the
   tokens (and log-probs) produced since the last one; `RequestOutput.finished` marks the end.
 - A stop token (`stop_token_ids`, the eos) is kept as the last output token, as HFEngine keeps
   its eos.
-The engine is not told to hold queued requests back (`step(admit=False)`): vLLM schedules every
-request it has been given, so the actor itself holds new requests while a `finish` sync waits
-(actors/stream.py).
+- `LLM.reset_prefix_cache()` returns False (and resets nothing) while any block is in use.
 """
 
 from __future__ import annotations
@@ -40,6 +49,9 @@ from actors.engines import Aborted, Finished, extend_version_runs, generate_all
 @dataclass
 class _Request:
     max_new_tokens: int
+    prompt: dict  # vLLM's TokensPrompt, without the salt (set each time it enters vLLM)
+    params: object  # vllm.SamplingParams
+    in_vllm: bool = False
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     version_runs: list[tuple[int, int]] = field(default_factory=list)
@@ -64,6 +76,8 @@ class VLLMStepLoop:
     `self.eos_token_ids` and `self._reload_weights()` (the in-place update, no cache reset)."""
 
     policy_version: int = 0
+    weights_loaded: int = 0  # weight updates committed: the cache salt of new requests
+    prefix_cache_resets_refused: int = 0
 
     def _step_state(self) -> dict[int, _Request]:
         if not hasattr(self, "_requests"):
@@ -82,12 +96,33 @@ class VLLMStepLoop:
         ((prompt, kw),) = build_requests([prompt_token_ids], [1], max_new_tokens, temperature,
                                          top_p, self.eos_token_ids)
         params = self._SamplingParams(**kw, output_kind=RequestOutputKind.DELTA)
-        self._llm.llm_engine.add_request(str(request_id), prompt, params)
-        requests[request_id] = _Request(max_new_tokens)
+        requests[request_id] = r = _Request(max_new_tokens, prompt, params)
+        self._enter(request_id, r)
+
+    def _enter(self, request_id: int, r: _Request) -> None:
+        prompt = {**r.prompt, "cache_salt": f"weights-{self.weights_loaded}"}
+        self._llm.llm_engine.add_request(str(request_id), prompt, r.params.clone())
+        r.in_vllm = True
+
+    def _take_out_unstarted(self) -> list[tuple[int, _Request]]:
+        """Requests in vLLM without a token yet (queued, or part-way through prefill), taken
+        out of it; nothing of theirs was sampled, so nothing is lost."""
+        out = [(rid, r) for rid, r in self._step_state().items() if r.in_vllm and not r.tokens]
+        if out:
+            self._llm.llm_engine.abort_request([str(rid) for rid, _ in out])
+        for _, r in out:
+            r.in_vllm = False
+        return out
 
     def step(self, admit: bool = True) -> list[Finished]:
         requests = self._step_state()
-        if not requests:
+        if admit:  # what a hold took out goes back in
+            for rid, r in requests.items():
+                if not r.in_vllm:
+                    self._enter(rid, r)
+        else:
+            self._take_out_unstarted()
+        if not any(r.in_vllm for r in requests.values()):
             return []
         t0 = time.perf_counter()
         outputs = self._llm.llm_engine.step()
@@ -97,7 +132,7 @@ class VLLMStepLoop:
         for out in outputs:
             rid = int(out.request_id)
             r = requests.get(rid)
-            if r is None:  # aborted meanwhile
+            if r is None or not r.in_vllm:  # aborted or taken out meanwhile
                 continue
             c = out.outputs[0]
             r.extend(c.token_ids, c.logprobs, self.policy_version)
@@ -114,25 +149,35 @@ class VLLMStepLoop:
     def abort(self, request_ids: Iterable[int]) -> list[Aborted]:
         requests = self._step_state()
         gone = [rid for rid in request_ids if rid in requests]
-        if gone:
-            self._llm.llm_engine.abort_request([str(rid) for rid in gone])
+        in_vllm = [str(rid) for rid in gone if requests[rid].in_vllm]
+        if in_vllm:
+            self._llm.llm_engine.abort_request(in_vllm)
         return [Aborted(rid, len(requests[rid].tokens), requests.pop(rid).compute_s)
                 for rid in gone]
 
     def running(self) -> list[int]:
-        """Requests that have produced a token (vLLM starts the others at its next step)."""
-        return [rid for rid, r in self._step_state().items() if r.tokens]
+        """Requests decoding (a token sampled). The ones in vLLM without a token yet need no
+        waiting or aborting at a sync: a hold takes them out, a weight update starts them again
+        under the new weights (`step`, `commit_weights`)."""
+        return [rid for rid, r in self._step_state().items() if r.in_vllm and r.tokens]
 
     def unfinished(self) -> int:
         return len(self._step_state())
 
     def commit_weights(self) -> None:
         self._reload_weights()
-        # the prefix cache holds KV blocks of the old weights; with requests running (continue)
-        # vLLM keeps them, and the running requests decode on over their old blocks
-        if not self._llm.reset_prefix_cache() and not self._step_state():
-            raise RuntimeError("vLLM refused to reset its prefix cache after a weight update "
-                               "with no request of ours running")
+        self.weights_loaded += 1
+        # requests that have not sampled a token start again under the new salt, so their
+        # prompt KV comes from the weights of their first token (a partial prefill is redone)
+        for rid, r in self._take_out_unstarted():
+            self._enter(rid, r)
+        if not self._llm.reset_prefix_cache():
+            # blocks in use (requests running under `continue`): the old blocks stay cached, but
+            # under the old salt, which no request entering from now on carries
+            if not any(r.in_vllm and r.tokens for r in self._step_state().values()):
+                raise RuntimeError("vLLM refused to reset its prefix cache after a weight update "
+                                   "with no request of ours decoding")
+            self.prefix_cache_resets_refused += 1
 
     def generate(self, prompts: list[list[int]], n: list[int], max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0):
