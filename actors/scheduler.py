@@ -54,6 +54,7 @@ class SampleRequest:
     max_new_tokens: int
     temperature: float
     top_p: float
+    restarts: int = 0  # times this sample was aborted by a weight sync and asked for again
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class RolloutScheduler:
         self.min_group = min_group
         self._next_id = 0
         self._owner: dict[int, _Prompt] = {}  # request id -> its prompt, while in flight/unverified
+        self._restarts: dict[int, int] = {}  # request id -> restarts, where > 0 (in flight)
 
     # -- events -------------------------------------------------------------------------------
     def add_work(self, work: Work) -> Actions:
@@ -132,6 +134,7 @@ class RolloutScheduler:
 
     def finished(self, f: Finished) -> Actions:
         p = self._owner[f.request_id]
+        self._restarts.pop(f.request_id, None)
         p.in_flight.discard(f.request_id)
         p.unverified[f.request_id] = f
         p.compute_s += f.compute_s
@@ -151,6 +154,7 @@ class RolloutScheduler:
         """`a` was aborted: by `Actions.abort` (a sibling was correct), or with `resubmit` by a
         weight sync under `inflight_update: abort` (asked for again unless the prompt stops)."""
         p = self._owner.pop(a.request_id, None)
+        restarts = self._restarts.pop(a.request_id, 0)
         if p is None:
             return Actions()
         p.in_flight.discard(a.request_id)
@@ -163,7 +167,7 @@ class RolloutScheduler:
             mean = sum(done) / len(done) if done else a.tokens + 1
             p.saved_tokens_est += max(round(mean) - a.tokens, 1)
         elif resubmit:
-            return self._submit(p, 1)
+            return self._submit(p, 1, restarts=restarts + 1)
         return self._maybe_end_stage(p)
 
     # -- state --------------------------------------------------------------------------------
@@ -180,7 +184,7 @@ class RolloutScheduler:
             return self._done(p)
         return self._submit(p, n)
 
-    def _submit(self, p: _Prompt, n: int) -> Actions:
+    def _submit(self, p: _Prompt, n: int, restarts: int = 0) -> Actions:
         spec = p.spec
         acts = Actions()
         for _ in range(n):
@@ -188,9 +192,15 @@ class RolloutScheduler:
             self._next_id += 1
             self._owner[rid] = p
             p.in_flight.add(rid)
+            if restarts:
+                self._restarts[rid] = restarts
             acts.submit.append(SampleRequest(rid, p.prompt.prompt_token_ids, spec.max_new_tokens,
-                                             spec.temperature, spec.top_p))
+                                             spec.temperature, spec.top_p, restarts))
         return acts
+
+    def restarts(self, request_id: Hashable) -> int:
+        """Times the sample behind `request_id` was aborted by a weight sync and asked again."""
+        return self._restarts.get(request_id, 0)
 
     def _maybe_abort_siblings(self, p: _Prompt) -> Actions:
         if (not self.abort_on_first_correct or p.stopping or not p.in_flight

@@ -68,11 +68,15 @@ class Rollouts:
         """No request starts until `release()` (the running ones go on)."""
         self.holding = True
 
-    def drop_in_flight(self) -> int:
-        """Abort every running request and ask for each sample again, held until `release()`.
+    def drop_in_flight(self, abort_limit: int | None = None) -> int:
+        """Abort the running requests and ask for each sample again, held until `release()`;
+        one already asked again `abort_limit` times decodes on instead (None: abort all).
         Returns how many were dropped."""
         self.holding = True
-        dropped = self.engine.abort(self.engine.running())
+        running = self.engine.running()
+        if abort_limit is not None:
+            running = [rid for rid in running if self.sched.restarts(rid) < abort_limit]
+        dropped = self.engine.abort(running)
         for a in dropped:
             self._apply(self.sched.aborted(a, resubmit=True))
         return len(dropped)

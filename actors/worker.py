@@ -5,7 +5,8 @@ Between two decode steps the actor drains its messages: work goes to the per-pro
 a weight sync is served as `actors.inflight_update` says: `finish` waits until the samples
 decoding are done (no new one starts meanwhile), `continue` loads the weights between two decode
 steps and decodes on, `abort` drops the running samples and samples them again under the new
-weights. A sync only makes the weights newer, so the staleness bound the learner enforces at
+weights (one already started again `actors.abort_limit` times decodes on instead, so a response
+longer than the time between syncs still ends). A sync only makes the weights newer, so the staleness bound the learner enforces at
 admission still holds; in sync mode (bound 0) nothing is in flight when a sync arrives, so every
 policy stays exactly on-policy.
 
@@ -173,7 +174,8 @@ def run_actor(cfg: Config, actor_id: int) -> int:
                     case Work():
                         rollouts.add_work(msg)  # held while a sync is pending or failed
                 msg = endpoint.recv(0.0)
-            if syncs and serve_syncs(cfg.actors.inflight_update, rollouts, weights, syncs):
+            if syncs and serve_syncs(cfg.actors.inflight_update, rollouts, weights, syncs,
+                                     cfg.actors.abort_limit):
                 log.info("weights of version %s in, %d decode steps after the sync was announced "
                          "(%s); %d samples decoding", weights.version,
                          rollouts.decode_steps - announced_at, cfg.actors.inflight_update,
@@ -196,7 +198,7 @@ def run_actor(cfg: Config, actor_id: int) -> int:
 
 
 def serve_syncs(policy: str, rollouts: Rollouts, weights: WeightMembership,
-                syncs: list[SyncWeights]) -> bool:
+                syncs: list[SyncWeights], abort_limit: int | None = None) -> bool:
     """Serve the announced syncs if `policy` lets them go ahead now; False = not yet (`finish`
     with samples still decoding: they go on, and nothing new starts meanwhile)."""
     match policy:
@@ -205,7 +207,7 @@ def serve_syncs(policy: str, rollouts: Rollouts, weights: WeightMembership,
             if rollouts.engine.running():
                 return False
         case "abort":
-            rollouts.drop_in_flight()
+            rollouts.drop_in_flight(abort_limit)
         case "continue":
             pass
     for m in newest_epoch_syncs(syncs):  # every broadcast must be joined, in order

@@ -246,6 +246,10 @@ class ActorsConfig:
     loaded between two decode steps and the running samples decode on under them (each token
     records the policy version that sampled it); abort = the running samples are dropped
     (counted in gen/aborted_tokens) and sampled again under the new weights."""
+    abort_limit: int = 2
+    """Under inflight_update abort: a sample already started again this many times is not
+    aborted at the next sync but decodes on under the new weights (as under continue), so a
+    response longer than the time between syncs still finishes instead of never being trained."""
     gpu_memory_utilization: float = 0.5
     """vLLM: fraction of GPU memory for weights and KV cache (0, 1]; unused when
     actors.kv_cache_gib is set."""

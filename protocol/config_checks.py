@@ -154,10 +154,26 @@ def _shape_problems(cfg: Config) -> list[str]:
         found.append("actors.heartbeat_timeout_s must exceed actors.heartbeat_s")
     if cfg.actors.max_restarts < 0:
         found.append("actors.max_restarts must be >= 0")
+    found += _abort_limit_problems(cfg)
     if cfg.rollout.policy == "hora" and cfg.rollout.group_size < cfg.hora.k_min:
         found.append("rollout.group_size must be >= hora.k_min (the per-prompt budget must give "
                      "every prompt k_min responses)")
     return found
+
+
+def _abort_limit_problems(cfg: Config) -> list[str]:
+    """abort_limit bounds how often `abort` restarts one sample: 0 would be `continue` by another
+    name, and under another in-flight policy nothing is aborted at a sync."""
+    from protocol.config import ActorsConfig
+
+    limit, policy = cfg.actors.abort_limit, cfg.actors.inflight_update
+    if limit < 1:
+        return [f"'actors.abort_limit' must be >= 1, got {limit} (a sample never aborted is "
+                "actors.inflight_update continue)"]
+    if policy != "abort" and limit != ActorsConfig.abort_limit:
+        return [f"'actors.abort_limit' ({limit}) acts only under actors.inflight_update abort "
+                f"(got {policy}): nothing is aborted at a sync otherwise"]
+    return []
 
 
 def _task_problems(cfg: Config) -> list[str]:

@@ -23,6 +23,10 @@ def refusal(*overrides: str) -> str:
 # each case: overrides -> the key the message must name (and a word of why)
 REFUSED = [
     (["weight_sync.sync_every=0"], "'weight_sync.sync_every' must be >= 1"),
+    (["actors.inflight_update=abort", "actors.abort_limit=0"],
+     r"'actors.abort_limit' must be >= 1, got 0 \(a sample never aborted is .*continue"),
+    (["actors.inflight_update=continue", "actors.abort_limit=5"],
+     r"'actors.abort_limit' \(5\) acts only under actors.inflight_update abort"),
     (["mode=async", "max_staleness=1", "weight_sync.sync_every=3"],
      r"'weight_sync.sync_every' \(3\) must be <= max_staleness \+ 1 \(2\)"),
     (["mode=sync", "weight_sync.sync_every=2"], "'weight_sync.sync_every' must be 1 in mode sync"),

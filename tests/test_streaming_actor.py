@@ -4,7 +4,8 @@ the learner over real ZeroMQ sockets and a real gloo weight group (tests/actor_h
 - A weight sync announced in the middle of a long generation: `continue` and `abort` serve it
   at once, between two decode steps; `finish` lets the running samples decode to their end.
   Under `continue` the responses that crossed it carry both versions; under `abort` they are
-  dropped, counted and sampled again under the new weights.
+  dropped, counted and sampled again under the new weights, and one already restarted
+  `actors.abort_limit` times decodes on through the next sync instead.
 - An actor left waiting in a broadcast that its learner never sends (a peer died in it) keeps
   beating for the whole gloo timeout; a sync the learner calls off is not waited for at all.
 - Siblings of a first correct answer stop (AR3PO, rollout.abort_on_first_correct) and are
@@ -98,6 +99,33 @@ def test_a_sync_announced_in_the_middle_of_a_long_generation(policy, tmp_path, r
                    steps_to_serve(log, 1) - longest, low=-11)
             assert steps_to_serve(log, 1) >= longest - 10
             assert longest >= 20  # a long generation indeed (eos is rare in an untrained model)
+
+
+def test_under_abort_a_sample_restarted_abort_limit_times_decodes_on_through_the_next_sync(
+        tmp_path, random_models):
+    # without the limit a response longer than the time between two syncs is aborted at every
+    # sync and never finishes: the samples aborted at the first sync cross the second one
+    path, tok, v0, v1 = random_models
+    learner = FakeLearner(tmp_path, path, "actors.inflight_update=abort", "actors.abort_limit=1")
+    try:
+        learner.sync(v0, 0)
+        ids = prompt_token_ids(tok, "47+38=")
+        learner.work([prompt(0, ids, n=8)], RolloutSpec(strategy="fixed", max_new_tokens=LONG))
+        short = RolloutSpec(strategy="fixed", max_new_tokens=1)
+        learner.work([prompt(1, ids, n=2)], short)
+        learner.groups(1)  # the long samples are decoding
+        learner.sync(v1, 1)  # aborted and started again: restarted once
+        learner.work([prompt(2, ids, n=2)], short)
+        learner.groups(1)  # the restarted samples are decoding under version 1
+        learner.sync(v0, 2)  # at the limit: they decode on
+        (g,) = learner.groups(1)
+    finally:
+        learner.close()
+    runs = [[v for v, _ in s.version_runs] for s in g.samples]
+    assert len(g.samples) == 8 and 1 <= g.aborted_samples <= 8, (g.aborted_samples, runs)
+    # aborted once each (at sync 1; without the limit again at sync 2), and restarted samples
+    # that were still decoding at sync 2 carry both versions
+    assert [r for r in runs if r == [1, 2]], runs
 
 
 @pytest.mark.parametrize("abort_on_first_correct", [True, False])
