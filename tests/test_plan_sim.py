@@ -109,6 +109,21 @@ def test_continue_and_abort_take_weights_at_once_and_abort_pays_the_dropped_toke
         assert r.stale_max <= 2
 
 
+def test_under_abort_the_limit_lets_requests_longer_than_the_time_between_syncs_finish():
+    """Without a limit a request longer than the time between two syncs is dropped at every
+    one, and its prompt's group holds the learner back until a quiet moment lets it through;
+    with actors.abort_limit it decodes on after its restarts."""
+    varied = jittered(1, 120)
+    cost = DecodeCost(step_s=0.004, row_s=1e-5)
+
+    def run(limit):
+        return simulate(Split(1, max_staleness=2, inflight_update="abort", abort_limit=limit),
+                        WORK, COSTS, varied, cost, steps=200)
+
+    endless, bounded = run(None), run(2)
+    assert bounded.steps_per_min > 1.2 * endless.steps_per_min
+
+
 def test_under_continue_requests_that_outlive_the_bound_are_trained_unless_drop_is_asked():
     """A request keeps its oldest token's version while the learner steps on without waiting
     for it: a long one comes back staler than the bound. By default it is trained (the

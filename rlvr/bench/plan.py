@@ -66,7 +66,7 @@ def run(config: str, out_dir: Path, overrides: list[str], steps: int | None,
         got = run_throughput(read_metrics(run_dir), cfg.actors.count, skip)
         s = 0 if name == "sync" else int(name.split("_s")[1])
         split = Split(cfg.actors.count, cfg.learner.ranks, s, cfg.actors.inflight_update,
-                      cfg.stale_policy)
+                      cfg.stale_policy, cfg.actors.abort_limit)
         here = predict(m, split, steps=cfg.run.steps, seeds=sim_seeds, machine=shared,
                        skip_first=skip)
         cluster = predict(m, split, steps=cfg.run.steps, seeds=sim_seeds, skip_first=skip)

@@ -49,6 +49,8 @@ class Measurements:
     algorithm: str
     inflight_update: str
     """The run's actors.inflight_update (the plan's default)."""
+    abort_limit: int
+    """The run's actors.abort_limit."""
     stale_policy: str
     """The run's stale_policy (the plan's)."""
     workload: Workload
@@ -155,7 +157,7 @@ def measure(run_dir: str | Path, skip_first: int | None = None,
     return Measurements(
         run_dir=str(run_dir), mode=cfg.mode, max_staleness=staleness, actors=cfg.actors.count,
         learner_ranks=cfg.learner.ranks, algorithm=cfg.algorithm,
-        inflight_update=cfg.actors.inflight_update,
+        inflight_update=cfg.actors.inflight_update, abort_limit=cfg.actors.abort_limit,
         stale_policy=cfg.stale_policy, workload=work, learner=learner,
         generation=generation, decode=decode, decode_probe=probe, overhead_s=overhead,
         decode_scale=scale,

@@ -78,8 +78,8 @@ def plan(run_dir: str | Path, actors: list[int], ranks: list[int], staleness: li
     m = measure(run_dir)
     policies = inflight or [m.inflight_update]
     # in sync nothing is in flight when weights come: one row, whatever the policy
-    splits = [Split(a, r, s, p, m.stale_policy) for a, r, s, p in itertools.product(actors, ranks, staleness,
-                                                                      policies)
+    splits = [Split(a, r, s, p, m.stale_policy, m.abort_limit)
+              for a, r, s, p in itertools.product(actors, ranks, staleness, policies)
               if s > 0 or p == policies[0]]
     rows = [predict(m, split, steps, seeds, allreduce_s, machine) for split in splits]
     g, t = step_costs(m)

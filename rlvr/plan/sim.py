@@ -65,6 +65,9 @@ class Split:
     stale_policy: str = "tis"
     """A group that comes back staler than the bound (stale_policy): trained (tis, downweight)
     or dropped, its slot going to another prompt (drop)."""
+    abort_limit: int | None = 2
+    """Under abort: a request dropped this many times decodes on (actors.abort_limit; None:
+    dropped at every sync)."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +170,8 @@ class _World:
                  machine: Machine, rng: random.Random):
         self.split, self.work, self.gen, self.machine, self.rng = split, work, generation, \
             machine, rng
-        self.actors = [StreamActor(decode) for _ in range(split.actors)]
+        self.actors = [StreamActor(decode, abort_limit=split.abort_limit)
+                       for _ in range(split.actors)]
         self.learner_remaining: float | None = None  # work-seconds left of its compute
         self.now = 0.0
         self.submitted = 0

@@ -11,7 +11,8 @@ finished samples started under (its oldest token). A weight sync (`sync`) is ser
 `actors.inflight_update` says: `finish` holds new requests until the running ones are done, then
 the actor joins the broadcast; `continue` joins at once and the running requests decode on under
 the new weights; `abort` drops the running requests (their tokens are wasted) and queues them
-again, to start under the new weights.
+again, to start under the new weights, except a request already dropped `abort_limit` times,
+which decodes on (actors.abort_limit).
 
 Time: the actor keeps its own count of decode steps; between two events (a request ends, work
 arrives, a sync) every running request advances by the same number of steps, so the simulator
@@ -72,9 +73,10 @@ class StreamActor:
     inflight: int = 0  # prompts handed to it whose group is not back yet
     holding: bool = False
     busy_s: float = 0.0  # wall seconds spent computing
-    queued: deque = field(default_factory=deque)  # (prompt, length): requests waiting for room
+    abort_limit: int | None = None  # actors.abort_limit (None: `abort` drops every time)
+    queued: deque = field(default_factory=deque)  # (prompt, length, restarts): waiting for room
     running: list = field(default_factory=list)  # heap: (ends at step, seq, prompt, length,
-    #                                               weights version it started under)
+    #                                               weights version it started under, restarts)
     steps: float = 0.0  # decode steps done
     stall: float = 0.0  # work-seconds of prefill before decoding goes on
     _seq: int = 0
@@ -99,10 +101,16 @@ class StreamActor:
                 self.holding = True
             case "abort":
                 self.holding = True
-                dropped = sorted(self.running, key=lambda r: r[1])  # in the order they started
-                self.running, self.stall = [], 0.0
-                self.queued.extendleft((prompt, length) for _, _, prompt, length, _ in
-                                       reversed(dropped))
+                kept, dropped = [], []
+                for r in self.running:
+                    at_limit = self.abort_limit is not None and r[5] >= self.abort_limit
+                    (kept if at_limit else dropped).append(r)
+                dropped.sort(key=lambda r: r[1])  # in the order they started
+                self.running = kept
+                heapq.heapify(self.running)
+                self.stall = 0.0
+                self.queued.extendleft((prompt, length, restarts + 1)
+                                       for _, _, prompt, length, _, restarts in reversed(dropped))
             case "continue":
                 pass
             case _:
@@ -139,7 +147,7 @@ class StreamActor:
                 self.steps += work / cost
         done = []
         while self.running and self.running[0][0] <= self.steps + 1e-9:
-            _, _, prompt, _, version = heapq.heappop(self.running)
+            _, _, prompt, _, version, _ = heapq.heappop(self.running)
             prompt.version = version if prompt.version is None else min(prompt.version, version)
             prompt.left -= 1
             if prompt.left == 0:
@@ -155,17 +163,17 @@ class StreamActor:
     def _queue_stage(self, prompt: _Prompt) -> None:
         lengths = prompt.plan.stages[prompt.stage]
         prompt.left = len(lengths)
-        self.queued.extend((prompt, n) for n in lengths)
+        self.queued.extend((prompt, n, 0) for n in lengths)
 
     def _start(self) -> None:
         """Requests waiting start while there is room (not while a sync holds them)."""
         started = 0
         while self.queued and not self.holding and len(self.running) < self.cost.max_batch:
-            prompt, length = self.queued.popleft()
+            prompt, length, restarts = self.queued.popleft()
             self._seq += 1
             # the prefill samples the first token; each decode step one more
             heapq.heappush(self.running, (self.steps + max(0, length - 1), self._seq, prompt,
-                                          length, self.version))
+                                          length, self.version, restarts))
             started += 1
         if started:  # requests added at one moment start in one engine step
             self.stall += self.cost.prefill(started) - (self.cost.prefill_s if self._same_step
