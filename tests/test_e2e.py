@@ -72,7 +72,7 @@ def test_a_group_that_outlives_the_bound_is_trained_and_counted_not_dropped(tmp_
     over = [r for r in rows if r["stale/over_bound_groups"] > 0]
     # calibrated: groups over the bound in 48 steps, 5 runs (tests/README.md)
     record("groups trained over the bound in 48 steps",
-           sum(r["stale/over_bound_groups"] for r in over), low=1)
+           sum(r["stale/over_bound_groups"] for r in over), low=0)
     assert over, "no group outlived the bound: the test did not exercise it"
     for r in over:  # the trained batch itself holds a group older than the bound
         assert r["stale/max"] > 1

@@ -18,11 +18,14 @@ pytestmark = pytest.mark.slow
 # eager: an actor starts in seconds (the compiled path is tested in tests/test_vllm_real.py)
 VLLM = ["actors.engine=vllm", "actors.kv_cache_gib=1", "actors.enforce_eager=true"]
 LEARN_STEPS = 160
-# calibrated (tests/README.md) on both CPU kernel paths, whose warm starts differ: run.seed 0-4
-# gained 0.112 +- 0.019 from AVX2's (the bound 3.3 sd below) and 0.177 +- 0.009 from AVX-512's
-# (14.6 sd); with learning off (optim.lr=1e-12) the gain is eval noise, -0.009 +- 0.010 (the
-# bound 6.1 sd above). 80 steps from AVX2's gained 0.083 +- 0.022: no bound at 3 sd from both
-MIN_GAIN = 0.05
+# trained on the one- and two-digit sums only: the demo's three-digit ones (10%) are beyond the
+# tiny model, all-wrong groups with no gradient, which the default stale_policy (tis) trains
+# rather than drops (from AVX2's warm start they made the gain 0.090 +- 0.037 over 5 seeds: no
+# bound 3 sd from both learning and noise). Calibrated (tests/README.md) on both CPU kernel
+# paths, whose warm starts differ: run.seed 0-4 gained 0.106 +- 0.025 from AVX2's (the bound
+# 3.1 sd below) and 0.174 +- 0.010 from AVX-512's (14.2 sd); with learning off
+# (optim.lr=1e-12) the gain is eval noise, -0.009 +- 0.010 (the bound 4.0 sd above)
+MIN_GAIN = 0.03
 
 
 def test_a_sync_run_with_a_vllm_actor_is_exactly_on_policy(tmp_path, tiny_model):
@@ -53,6 +56,7 @@ def test_an_async_run_with_a_vllm_actor_learns(tmp_path, demo_warm_model):
     done = run_rlvr(*quick_run_args(run, demo_warm_model, "mode=async", "max_staleness=2",
                                     f"run.steps={LEARN_STEPS}", f"run.eval_every={LEARN_STEPS}",
                                     "task.eval_per_level=200", "rollout.prompts_per_step=32",
+                                    "task.level_weights=[0.3,0.7,0.0]",
                                     "rollout.prompts_per_work=8", *VLLM), timeout_s=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_rows(run)
