@@ -7,6 +7,10 @@ The actor loop (actors/worker.py) feeds it events and carries out what it return
   aborted(a, resubmit)      -> an aborted request's tokens are counted; with `resubmit` (a weight
                                sync under `actors.inflight_update: abort`) the sample is asked
                                for again under the new weights
+  interrupted(a)            -> a weight sync under `recompute` stopped the request: the sample
+                               goes on from its partial response, a new request whose prompt is
+                               prompt + partial (re-prefilled under the new weights); when it
+                               finishes, the partial and the rest are one response
 Every call returns `Actions`: requests to submit, requests to abort, responses to verify and
 prompts whose group is complete. One request is one sample.
 
@@ -43,7 +47,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from actors.allocation import hora_allocate, hora_second_phase
-from actors.engines import Aborted, Finished
+from actors.engines import Aborted, Finished, extend_version_runs
 from protocol.messages import Prompt, RolloutSpec, Sample, Work
 
 
@@ -123,6 +127,7 @@ class RolloutScheduler:
         self._next_id = 0
         self._owner: dict[int, _Prompt] = {}  # request id -> its prompt, while in flight/unverified
         self._restarts: dict[int, int] = {}  # request id -> restarts, where > 0 (in flight)
+        self._partial: dict[int, Aborted] = {}  # request id -> the response it continues
 
     # -- events -------------------------------------------------------------------------------
     def add_work(self, work: Work) -> Actions:
@@ -135,6 +140,8 @@ class RolloutScheduler:
     def finished(self, f: Finished) -> Actions:
         p = self._owner[f.request_id]
         self._restarts.pop(f.request_id, None)
+        if (head := self._partial.pop(f.request_id, None)) is not None:
+            f = _joined(head, f)
         p.in_flight.discard(f.request_id)
         p.unverified[f.request_id] = f
         p.compute_s += f.compute_s
@@ -155,6 +162,8 @@ class RolloutScheduler:
         weight sync under `inflight_update: abort` (asked for again unless the prompt stops)."""
         p = self._owner.pop(a.request_id, None)
         restarts = self._restarts.pop(a.request_id, 0)
+        if (head := self._partial.pop(a.request_id, None)) is not None:
+            a = _joined_aborted(head, a)  # a continuation: its partial is lost with it
         if p is None:
             return Actions()
         p.in_flight.discard(a.request_id)
@@ -170,6 +179,24 @@ class RolloutScheduler:
             return self._submit(p, 1, restarts=restarts + 1)
         return self._maybe_end_stage(p)
 
+    def interrupted(self, a: Aborted) -> Actions:
+        """A weight sync under `recompute` stopped `a`: its sample goes on from the partial
+        response under the new weights (the request is held by the caller until they are in)."""
+        p = self._owner.get(a.request_id)
+        if p is None or p.stopping:  # a sibling of a correct answer: stopped anyway
+            return self.aborted(a, resubmit=True)
+        head = self._partial.pop(a.request_id, None)
+        if a.token_ids:
+            head = a if head is None else _joined_aborted(head, a)
+        if head is not None and len(head.token_ids) >= p.spec.max_new_tokens:  # kept whole
+            return self.finished(Finished(a.request_id, list(head.token_ids),
+                                          list(head.logprobs), list(head.version_runs), True,
+                                          head.compute_s))
+        del self._owner[a.request_id]
+        p.in_flight.discard(a.request_id)
+        self._restarts.pop(a.request_id, None)
+        return self._submit(p, 1, head=head)  # its compute time travels with `head`
+
     # -- state --------------------------------------------------------------------------------
     def in_flight(self) -> int:
         """Requests submitted and not yet finished or aborted."""
@@ -184,8 +211,13 @@ class RolloutScheduler:
             return self._done(p)
         return self._submit(p, n)
 
-    def _submit(self, p: _Prompt, n: int, restarts: int = 0) -> Actions:
+    def _submit(self, p: _Prompt, n: int, restarts: int = 0, head: Aborted | None = None
+                ) -> Actions:
+        """n requests of prompt `p`; with `head`, one that continues that partial response."""
         spec = p.spec
+        prompt, max_new = p.prompt.prompt_token_ids, spec.max_new_tokens
+        if head is not None:
+            prompt, max_new = [*prompt, *head.token_ids], max_new - len(head.token_ids)
         acts = Actions()
         for _ in range(n):
             rid = self._next_id
@@ -194,8 +226,10 @@ class RolloutScheduler:
             p.in_flight.add(rid)
             if restarts:
                 self._restarts[rid] = restarts
-            acts.submit.append(SampleRequest(rid, p.prompt.prompt_token_ids, spec.max_new_tokens,
-                                             spec.temperature, spec.top_p, restarts))
+            if head is not None:
+                self._partial[rid] = head
+            acts.submit.append(SampleRequest(rid, prompt, max_new, spec.temperature, spec.top_p,
+                                             restarts))
         return acts
 
     def restarts(self, request_id: Hashable) -> int:
@@ -300,3 +334,23 @@ def stops_at_correct(spec: RolloutSpec, stage: int) -> bool:
             return spec.hora_two_phase and stage > 0
         case _:
             return False
+
+
+def _joined(head: Aborted, rest: Finished) -> Finished:
+    """One response from a partial one and the request that continued it."""
+    return Finished(rest.request_id, [*head.token_ids, *rest.token_ids],
+                    [*head.logprobs, *rest.logprobs], _joined_runs(head, rest), rest.truncated,
+                    head.compute_s + rest.compute_s)
+
+
+def _joined_aborted(head: Aborted, rest: Aborted) -> Aborted:
+    return Aborted(rest.request_id, head.tokens + rest.tokens, head.compute_s + rest.compute_s,
+                   (*head.token_ids, *rest.token_ids), (*head.logprobs, *rest.logprobs),
+                   tuple(_joined_runs(head, rest)))
+
+
+def _joined_runs(head: Aborted, rest: Finished | Aborted) -> list[tuple[int, int]]:
+    runs = [tuple(r) for r in head.version_runs]
+    for version, n in rest.version_runs:
+        extend_version_runs(runs, version, n)
+    return runs

@@ -14,7 +14,10 @@ Weight updates while requests are in flight (`actors.inflight_update`, ALGORITHM
              keeps what the old weights computed, as PipelineRL does);
   abort    - `drop_in_flight()`: the running requests are aborted (their tokens count as
              generated, Group.aborted_tokens) and asked for again, held until the new weights
-             are in.
+             are in;
+  recompute - `interrupt_in_flight()`: the running requests stop but keep their tokens; each
+             goes on as a request over prompt + partial response, held until the new weights
+             are in, so its whole context is prefilled again by them (AReaL's interruption).
 """
 
 from __future__ import annotations
@@ -80,6 +83,16 @@ class Rollouts:
         for a in dropped:
             self._apply(self.sched.aborted(a, resubmit=True))
         return len(dropped)
+
+    def interrupt_in_flight(self) -> int:
+        """Stop the running requests, keeping what each has sampled: every one goes on as a new
+        request over prompt + partial response, held until `release()` so that the new weights
+        re-prefill it (`recompute`). Returns how many were stopped."""
+        self.holding = True
+        stopped = self.engine.abort(self.engine.running())
+        for a in stopped:
+            self._apply(self.sched.interrupted(a))
+        return len(stopped)
 
     def release(self) -> None:
         self.holding = False

@@ -6,7 +6,8 @@ a weight sync is served as `actors.inflight_update` says: `finish` waits until t
 decoding are done (no new one starts meanwhile), `continue` loads the weights between two decode
 steps and decodes on, `abort` drops the running samples and samples them again under the new
 weights (one already started again `actors.abort_limit` times decodes on instead, so a response
-longer than the time between syncs still ends). A sync only makes the weights newer, so the staleness bound the learner enforces at
+longer than the time between syncs still ends), `recompute` stops them, keeps their tokens and
+decodes on from prompt + partial response re-prefilled under the new weights. A sync only makes the weights newer, so the staleness bound the learner enforces at
 admission still holds; in sync mode (bound 0) nothing is in flight when a sync arrives, so every
 policy stays exactly on-policy.
 
@@ -208,6 +209,8 @@ def serve_syncs(policy: str, rollouts: Rollouts, weights: WeightMembership,
                 return False
         case "abort":
             rollouts.drop_in_flight(abort_limit)
+        case "recompute":
+            rollouts.interrupt_in_flight()
         case "continue":
             pass
     for m in newest_epoch_syncs(syncs):  # every broadcast must be joined, in order

@@ -240,12 +240,15 @@ class ActorsConfig:
     (on SLURM the run goes on with the other actors)."""
     verifier_timeout_s: float = 5.0
     """Time bound for one math-verify check."""
-    inflight_update: Literal["finish", "continue", "abort"] = "finish"
+    inflight_update: Literal["finish", "continue", "abort", "recompute"] = "finish"
     """What a weight sync does to the samples decoding when it arrives: finish = no new sample
     starts and the sync waits until the running ones are done; continue = the new weights are
     loaded between two decode steps and the running samples decode on under them (each token
-    records the policy version that sampled it); abort = the running samples are dropped
-    (counted in gen/aborted_tokens) and sampled again under the new weights."""
+    records the policy version that sampled it; their KV stays the old weights'); abort = the
+    running samples are dropped (counted in gen/aborted_tokens) and sampled again under the new
+    weights; recompute = the running samples stop, keep their tokens, and decode on from prompt +
+    partial response, whose KV the new weights compute again (nothing thrown away, no KV of
+    old weights)."""
     abort_limit: int = 2
     """Under inflight_update abort: a sample already started again this many times is not
     aborted at the next sync but decodes on under the new weights (as under continue), so a

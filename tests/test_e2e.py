@@ -16,7 +16,7 @@ def train_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["step"] > 0]
 
 
-@pytest.mark.parametrize("inflight", ["finish", "continue", "abort"])
+@pytest.mark.parametrize("inflight", ["finish", "continue", "abort", "recompute"])
 def test_sync_mode_is_exactly_on_policy(tmp_path, tiny_model, inflight):
     # whatever a sync does to the samples in flight: in sync mode none are in flight then
     run = tmp_path / "sync"

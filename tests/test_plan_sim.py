@@ -94,16 +94,17 @@ def test_a_sync_waits_for_the_requests_running_and_starts_no_new_ones():
     assert r.sync_s_per_step > BROADCAST + 0.01  # the learner waited in each broadcast
 
 
-def test_continue_and_abort_take_weights_at_once_and_abort_pays_the_dropped_tokens():
+def test_continue_abort_and_recompute_take_weights_at_once_and_abort_pays_the_dropped_tokens():
     slow = fixed_prompts(length=41)
     cost = DecodeCost(step_s=0.005)
     runs = {p: simulate(Split(1, max_staleness=2, inflight_update=p), WORK, COSTS, slow, cost,
-                        steps=100) for p in ("finish", "continue", "abort")}
-    assert runs["continue"].sync_s_per_step == pytest.approx(BROADCAST)
-    assert runs["abort"].sync_s_per_step == pytest.approx(BROADCAST)
+                        steps=100) for p in ("finish", "continue", "abort", "recompute")}
+    for policy in ("continue", "abort", "recompute"):
+        assert runs[policy].sync_s_per_step == pytest.approx(BROADCAST), policy
     assert runs["finish"].sync_s_per_step > BROADCAST + 0.01
-    # generation-bound: what abort drops is generated again; continue wastes nothing
+    # generation-bound: what abort drops is generated again; continue and recompute keep it
     assert runs["abort"].steps_per_min < runs["continue"].steps_per_min
+    assert runs["abort"].steps_per_min < runs["recompute"].steps_per_min
     assert runs["continue"].steps_per_min > runs["finish"].steps_per_min
     for r in runs.values():
         assert r.stale_max <= 2
@@ -188,7 +189,7 @@ def test_bad_splits_are_refused():
 
 splits = st.builds(Split, actors=st.integers(1, 5), learner_ranks=st.integers(1, 3),
                    max_staleness=st.integers(0, 4),
-                   inflight_update=st.sampled_from(["finish", "continue", "abort"]),
+                   inflight_update=st.sampled_from(["finish", "continue", "abort", "recompute"]),
                    stale_policy=st.sampled_from(["tis", "drop"]))
 workloads = st.builds(Workload, prompts_per_step=st.sampled_from([4, 8, 12, 32]),
                       prompts_per_work=st.sampled_from([1, 3, 4, 8]),

@@ -162,6 +162,30 @@ def test_a_sample_aborted_by_a_weight_sync_is_asked_for_again_in_its_stage():
     assert sched.open_prompts() == 0
 
 
+def test_a_sample_interrupted_twice_goes_on_from_its_partial_response_and_is_one_sample():
+    # recompute: each interruption asks for the rest over prompt + partial response; the
+    # sample trained is the partial responses and the rest, with the versions that sampled them
+    sched = RolloutScheduler()
+    (req,) = sched.add_work(work(RolloutSpec(strategy="fixed", max_new_tokens=10), 1, n=1)).submit
+    first = sched.interrupted(Aborted(req.request_id, 3, 0.1, (5, 6, 7), (-1.0, -2.0, -3.0),
+                                      ((0, 3),)))
+    (cont,) = first.submit
+    assert cont.prompt_token_ids == [0, 5, 6, 7] and cont.max_new_tokens == 7
+    second = sched.interrupted(Aborted(cont.request_id, 2, 0.1, (8, 9), (-4.0, -5.0), ((1, 2),)))
+    (last,) = second.submit
+    assert last.prompt_token_ids == [0, 5, 6, 7, 8, 9] and last.max_new_tokens == 5
+    acts = sched.finished(Finished(last.request_id, [4, 2], [-6.0, -7.0], [(2, 1), (3, 1)],
+                                   truncated=False, compute_s=0.1))
+    assert acts.verify == [(last.request_id, [5, 6, 7, 8, 9, 4, 2], "ok")]
+    (done,) = sched.verified(last.request_id, True).done
+    (sample,) = done.samples
+    assert sample.token_ids == [5, 6, 7, 8, 9, 4, 2]
+    assert sample.logprobs == [-1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0]
+    assert sample.version_runs == [(0, 3), (1, 2), (2, 1), (3, 1)] and sample.policy_version == 0
+    assert done.aborted_samples == done.aborted_tokens == 0  # nothing thrown away
+    assert sched.open_prompts() == 0
+
+
 def aero_spec(**kw) -> RolloutSpec:
     fields = dict(strategy="aero", max_new_tokens=4, aero_explore=4, aero_rescue_step=2,
                   aero_max_rounds=10, aero_max_per_prompt=32, aero_rescue_budget_per_prompt=4)

@@ -18,6 +18,7 @@ import re
 import time
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tasks.prompts import prompt_token_ids
@@ -126,6 +127,49 @@ def test_under_abort_a_sample_restarted_abort_limit_times_decodes_on_through_the
     # aborted once each (at sync 1; without the limit again at sync 2), and restarted samples
     # that were still decoding at sync 2 carry both versions
     assert [r for r in runs if r == [1, 2]], runs
+
+
+def logp_of(model, context: list[int], response: list[int]) -> torch.Tensor:
+    """log p(response[t] | context + response[:t]) under `model`, one full forward pass."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([context + response])).logits[0]
+    logp = torch.log_softmax(logits[len(context) - 1:-1].float(), -1)
+    return logp.gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+
+def test_under_recompute_a_response_crossing_two_syncs_keeps_its_tokens_each_from_its_weights(
+        tmp_path, random_models):
+    # the running samples stop at each sync and go on from prompt + partial response, which the
+    # new weights prefill again: every token's log-prob is that of the weights that sampled it
+    # over the whole context before it (under continue the later tokens would attend to KV the
+    # old weights computed, and differ)
+    path, tok, v0, v1 = random_models
+    weights = {0: v0.eval(), 1: v1.eval(), 2: v0.eval()}
+    learner = FakeLearner(tmp_path, path, "actors.inflight_update=recompute")
+    try:
+        learner.sync(weights[0], 0)
+        ids = prompt_token_ids(tok, "47+38=")
+        learner.work([prompt(0, ids, n=4)], RolloutSpec(strategy="fixed", max_new_tokens=LONG))
+        short = RolloutSpec(strategy="fixed", max_new_tokens=1)
+        learner.work([prompt(1, ids, n=2)], short)
+        learner.groups(1)  # the long samples are decoding
+        learner.sync(weights[1], 1)
+        learner.work([prompt(2, ids, n=2)], short)
+        learner.groups(1)  # and decoding again, from their partial responses
+        learner.sync(weights[2], 2)
+        (g,) = learner.groups(1)
+    finally:
+        learner.close()
+    assert len(g.samples) == 4 and g.aborted_samples == g.aborted_tokens == 0
+    crossed = [s for s in g.samples if [v for v, _ in s.version_runs] == [0, 1, 2]]
+    assert crossed, [s.version_runs for s in g.samples]
+    for s in g.samples:
+        start = 0
+        for version, n in s.version_runs:
+            got = torch.tensor(s.logprobs[start:start + n])
+            want = logp_of(weights[version], ids + s.token_ids[:start], s.token_ids[start:start + n])
+            assert (got - want).abs().max() < 1e-4, (version, s.version_runs)
+            start += n
 
 
 @pytest.mark.parametrize("abort_on_first_correct", [True, False])

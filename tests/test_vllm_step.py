@@ -79,6 +79,10 @@ def test_requests_come_and_go_between_steps_with_the_samplers_log_probs(setup):
             break
     assert engine.unfinished() == 0
     assert [a.request_id for a in aborted] == [1] and aborted[0].tokens >= 1
+    (a,) = aborted  # what it had sampled, for `recompute` to go on from
+    assert len(a.token_ids) == len(a.logprobs) == a.tokens and a.version_runs == ((0, a.tokens),)
+    ref = full_forward_logp(hf, prompts[1], list(a.token_ids))
+    assert (torch.tensor(a.logprobs) - ref).abs().max() < 1e-4
     assert sorted(done) == [0, 3, 4, 6, 7]
     for rid, f in done.items():
         assert f.version_runs == [(0, len(f.token_ids))]

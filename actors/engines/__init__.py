@@ -47,11 +47,16 @@ def extend_version_runs(runs: list[tuple[int, int]], version: int, tokens: int) 
 
 @dataclass(frozen=True)
 class Aborted:
-    """A request stopped before it finished: how much it had generated (never trained on)."""
+    """A request stopped before it finished: what it had generated. Thrown away under `abort`
+    and for the siblings of a first correct answer; under `recompute` the partial response is
+    kept and decoded on from (`token_ids`, `logprobs`, `version_runs`, as in `Finished`)."""
 
     request_id: int
     tokens: int
     compute_s: float = 0.0
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    version_runs: tuple[tuple[int, int], ...] = ()
 
 
 class Engine(Protocol):

@@ -102,14 +102,12 @@ class HFEngine:
     def abort(self, request_ids: Iterable[int]) -> list[Aborted]:
         """Stop these requests now; returns what each had generated (unknown ids: ignored)."""
         ids = set(request_ids)
-        out = [Aborted(r.request_id, len(r.tokens), r.compute_s)
-               for r in self._waiting.values() if r.request_id in ids]
+        out = [_aborted(r) for r in self._waiting.values() if r.request_id in ids]
         for a in out:
             del self._waiting[a.request_id]
         keep = [i for i, r in enumerate(self._rows) if r.request_id not in ids]
         if len(keep) < len(self._rows):
-            out += [Aborted(r.request_id, len(r.tokens), r.compute_s)
-                    for r in self._rows if r.request_id in ids]
+            out += [_aborted(r) for r in self._rows if r.request_id in ids]
             self._keep_rows(keep)
         return out
 
@@ -196,3 +194,8 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor,
     tokens = torch.multinomial(weights, 1)[:, 0]                               # (n,)
     tokens = torch.where(greedy, logits.argmax(-1), tokens)
     return tokens, logp_all.gather(-1, tokens[:, None])[:, 0]
+
+
+def _aborted(r: _Request) -> Aborted:
+    return Aborted(r.request_id, len(r.tokens), r.compute_s, tuple(r.tokens), tuple(r.logprobs),
+                   tuple(r.version_runs))

@@ -152,8 +152,7 @@ class VLLMStepLoop:
         in_vllm = [str(rid) for rid in gone if requests[rid].in_vllm]
         if in_vllm:
             self._llm.llm_engine.abort_request(in_vllm)
-        return [Aborted(rid, len(requests[rid].tokens), requests.pop(rid).compute_s)
-                for rid in gone]
+        return [_aborted(rid, requests.pop(rid)) for rid in gone]
 
     def running(self) -> list[int]:
         """Requests decoding (a token sampled). The ones in vLLM without a token yet need no
@@ -182,6 +181,11 @@ class VLLMStepLoop:
     def generate(self, prompts: list[list[int]], n: list[int], max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0):
         return generate_all(self, prompts, n, max_new_tokens, temperature, top_p)
+
+
+def _aborted(rid: int, r: _Request) -> Aborted:
+    return Aborted(rid, len(r.tokens), r.compute_s, tuple(r.tokens), tuple(r.logprobs),
+                   tuple(r.version_runs))
 
 
 def _cut_runs(runs: list[tuple[int, int]], tokens: int) -> list[tuple[int, int]]:

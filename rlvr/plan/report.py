@@ -1,7 +1,7 @@
 """`rlvr plan RUN_DIR`: predicted steps/min of cluster splits, from one run's measured costs.
 
     rlvr plan runs/sync [--actors 1,2,4,8] [--learner-ranks 1,2] [--max-staleness 0,1,2,4]
-                        [--inflight-update finish,continue,abort] [--gpus N] [--steps 400]
+                        [--inflight-update finish,continue,abort,recompute] [--gpus N] [--steps 400]
                         [--seeds 3] [--allreduce-s X] [--out DIR]
 
 For every combination, the simulator (rlvr/plan/sim.py) plays the run's schedule with A actors
@@ -171,8 +171,8 @@ def run(args) -> int:
     ranks = ints(args.learner_ranks, "--learner-ranks")
     staleness = ints(args.max_staleness, "--max-staleness")
     inflight = [p.strip() for p in (args.inflight_update or "").split(",") if p.strip()] or None
-    if inflight and not set(inflight) <= {"finish", "continue", "abort"}:
-        raise SystemExit(f"rlvr plan: --inflight-update: finish, continue or abort, "
+    if inflight and not set(inflight) <= {"finish", "continue", "abort", "recompute"}:
+        raise SystemExit(f"rlvr plan: --inflight-update: finish, continue, abort or recompute, "
                          f"comma-separated, not {args.inflight_update!r}")
     if args.steps < 20 or args.seeds < 1:
         raise SystemExit("rlvr plan: --steps must be >= 20 and --seeds >= 1")
@@ -205,7 +205,7 @@ def add_cli(sub) -> None:
     p.add_argument("--max-staleness", default="0,1,2,4", help="bounds (0 = sync)")
     p.add_argument("--inflight-update",
                    help="actors.inflight_update policies to compare, comma-separated (finish, "
-                        "continue, abort; default: the run's own)")
+                        "continue, abort, recompute; default: the run's own)")
     p.add_argument("--gpus", type=int, help="recommend only for this many devices")
     p.add_argument("--steps", type=int, default=400, help="simulated learner steps per split")
     p.add_argument("--seeds", type=int, default=3, help="simulations per split (averaged)")

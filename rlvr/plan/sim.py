@@ -61,7 +61,7 @@ class Split:
     """Admission bound S in policy versions; 0 is the synchronous schedule."""
     inflight_update: str = "finish"
     """How actors take new weights with requests running (actors.inflight_update): finish,
-    continue or abort."""
+    continue, abort or recompute."""
     stale_policy: str = "tis"
     """A group that comes back staler than the bound (stale_policy): trained (tis, downweight)
     or dropped, its slot going to another prompt (drop)."""
@@ -226,7 +226,7 @@ class _World:
 
     def broadcast(self, version: int, broadcast_s: float) -> None:
         """Publish `version`: under `finish` every actor holds new requests and joins once the
-        running ones are done (an idle one at once), under `continue` and `abort` at once; the
+        running ones are done (an idle one at once), under the other policies at once; the
         broadcast takes `broadcast_s` once all have joined, then they go on with the new
         weights."""
         for a in self.actors:
@@ -244,8 +244,8 @@ def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Gene
     """Play `steps` learner steps; rates over the steps after `skip_first` (default steps/10)."""
     if split.actors < 1 or split.learner_ranks < 1 or split.max_staleness < 0:
         raise ValueError(f"need actors >= 1, learner_ranks >= 1, max_staleness >= 0: {split}")
-    if split.inflight_update not in ("finish", "continue", "abort"):
-        raise ValueError(f"inflight_update must be finish, continue or abort: {split}")
+    if split.inflight_update not in ("finish", "continue", "abort", "recompute"):
+        raise ValueError(f"inflight_update must be finish, continue, abort or recompute: {split}")
     if split.stale_policy not in ("tis", "downweight", "drop"):
         raise ValueError(f"stale_policy must be tis, downweight or drop: {split}")
     if work.prompts_per_step < 1 or work.prompts_per_work < 1 or work.sync_every < 1:

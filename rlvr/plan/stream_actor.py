@@ -12,7 +12,8 @@ finished samples started under (its oldest token). A weight sync (`sync`) is ser
 the actor joins the broadcast; `continue` joins at once and the running requests decode on under
 the new weights; `abort` drops the running requests (their tokens are wasted) and queues them
 again, to start under the new weights, except a request already dropped `abort_limit` times,
-which decodes on (actors.abort_limit).
+which decodes on (actors.abort_limit); `recompute` stops the running requests and queues what
+each has left, keeping its tokens and the version of its oldest one (its prefill paid again).
 
 Time: the actor keeps its own count of decode steps; between two events (a request ends, work
 arrives, a sync) every running request advances by the same number of steps, so the simulator
@@ -23,6 +24,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -74,7 +76,8 @@ class StreamActor:
     holding: bool = False
     busy_s: float = 0.0  # wall seconds spent computing
     abort_limit: int | None = None  # actors.abort_limit (None: `abort` drops every time)
-    queued: deque = field(default_factory=deque)  # (prompt, length, restarts): waiting for room
+    queued: deque = field(default_factory=deque)  # waiting for room: (prompt, length, restarts,
+    #                                                version of its oldest token if it continues)
     running: list = field(default_factory=list)  # heap: (ends at step, seq, prompt, length,
     #                                               weights version it started under, restarts)
     steps: float = 0.0  # decode steps done
@@ -94,8 +97,9 @@ class StreamActor:
         self._start()
 
     def sync(self, policy: str) -> None:
-        """A weight sync is announced: `finish` and `abort` hold new requests until `release`;
-        `abort` also drops the running ones, to be sampled again."""
+        """A weight sync is announced: `finish`, `abort` and `recompute` hold new requests until
+        `release`; `abort` also drops the running ones, to be sampled again; `recompute` stops
+        them and queues what each has left, to be prefilled again under the new weights."""
         match policy:
             case "finish":
                 self.holding = True
@@ -109,12 +113,23 @@ class StreamActor:
                 self.running = kept
                 heapq.heapify(self.running)
                 self.stall = 0.0
-                self.queued.extendleft((prompt, length, restarts + 1)
+                self.queued.extendleft((prompt, length, restarts + 1, None)
                                        for _, _, prompt, length, _, restarts in reversed(dropped))
+            case "recompute":  # stopped, kept: the rest is queued, prefilled again, same version
+                # a request's prefill is taken to sample its first token; the re-prefill of
+                # prompt + partial response is charged one decode step more than what is left
+                # (its cost growing with the context is not modelled)
+                self.holding = True
+                stopped = sorted(self.running, key=lambda r: r[1])
+                self.running, self.stall = [], 0.0
+                self.queued.extendleft((prompt, 1 + max(1, math.ceil(end - self.steps - 1e-9)),
+                                        0, version)
+                                       for end, _, prompt, _, version, _ in reversed(stopped))
             case "continue":
                 pass
             case _:
-                raise ValueError(f"inflight_update must be finish, continue or abort: {policy!r}")
+                raise ValueError(f"inflight_update must be finish, continue, abort or recompute: "
+                                 f"{policy!r}")
 
     def release(self, version: int) -> None:
         self.holding, self.version = False, version
@@ -163,17 +178,18 @@ class StreamActor:
     def _queue_stage(self, prompt: _Prompt) -> None:
         lengths = prompt.plan.stages[prompt.stage]
         prompt.left = len(lengths)
-        self.queued.extend((prompt, n, 0) for n in lengths)
+        self.queued.extend((prompt, n, 0, None) for n in lengths)
 
     def _start(self) -> None:
         """Requests waiting start while there is room (not while a sync holds them)."""
         started = 0
         while self.queued and not self.holding and len(self.running) < self.cost.max_batch:
-            prompt, length, restarts = self.queued.popleft()
+            prompt, length, restarts, version = self.queued.popleft()
             self._seq += 1
             # the prefill samples the first token; each decode step one more
             heapq.heappush(self.running, (self.steps + max(0, length - 1), self._seq, prompt,
-                                          length, self.version, restarts))
+                                          length, self.version if version is None else version,
+                                          restarts))
             started += 1
         if started:  # requests added at one moment start in one engine step
             self.stall += self.cost.prefill(started) - (self.cost.prefill_s if self._same_step
