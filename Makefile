@@ -48,7 +48,7 @@ demo: $(STAMP)
 # the full suite (what CI runs), on two workers in two lanes (tests/conftest.py says which and
 # why), with the ten slowest tests listed at the end
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=10
+	$(BIN)/python -m pytest -q -n 2 --dist loadscope --durations=10
 
 # the inner loop: every room, no test that starts real actor/learner processes or SLURM daemons
 test-fast: $(STAMP)

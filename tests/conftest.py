@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from tests.lanes import make_scheduler
 
 # no per-example deadline anywhere: on a shared 2-core machine (a background warm start, a run
 # in the next test) the time an example takes says nothing about the property under test
@@ -44,26 +45,12 @@ DEMO_WARM_START = ["-m", "rlvr.warm_start", str(TINY), f"warm_start.cache_dir={D
 _demo_build: dict = {}
 
 
-# `make test` runs the suite on two xdist workers (--dist loadgroup). The files that keep both
-# cores busy (training runs, benches) form one lane, run one after another on one worker, so that
-# two of them never share the cores; every other file (unit tests, and the files that mostly wait:
-# on the SLURM daemons and their time limits, a timeout, a vLLM engine's start-up, a child) goes
-# whole to whichever worker is free, using the core the busy lane leaves idle. Measured on the whole
-# suite run one test after another: 1.55 of 2 cores busy, 465 core-seconds idle. The SLURM files
-# share a lane because they share one cluster (a session fixture, per worker).
-BUSY_LANE = {"test_algorithms_e2e.py", "test_bench.py", "test_bench_generation.py",
-             "test_e2e.py", "test_e2e_learner.py", "test_faults.py", "test_faults_wire.py",
-             "test_learner_ranks.py", "test_sweep.py", "test_calibration.py"}
-SLURM_LANE = {"test_slurm_cluster.py", "test_sweep_slurm.py"}
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s two xdist workers take the suite in lanes (tests/lanes.py)."""
+    return make_scheduler(config, log)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        name = item.path.name
-        # any other file is a unit of its own: its module fixtures (a vLLM engine) start once
-        lane = "busy" if name in BUSY_LANE else "slurm" if name in SLURM_LANE else name
-        item.add_marker(pytest.mark.xdist_group(lane))
     # under xdist every worker collects every test: one of them builds
     builder = os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0"
     if builder and any("demo_warm_model" in getattr(item, "fixturenames", ()) for item in items):
