@@ -25,7 +25,7 @@ from __future__ import annotations
 from actors.engines import Engine
 from actors.scheduler import Actions, PromptResult, RolloutScheduler, SampleRequest
 from actors.verify_queue import VerifyQueue
-from protocol.messages import PROTOCOL_VERSION, Group, Work
+from protocol.messages import PROTOCOL_VERSION, EngineLoad, Group, Work
 from tasks.verifier import Verifier
 
 
@@ -38,6 +38,7 @@ class Rollouts:
         self.held: list[SampleRequest] = []
         self.holding = False
         self.decode_steps = 0  # engine steps so far (the actor logs how long a sync waited)
+        self.busy_rows = 0  # summed over those steps: requests that got a token
         self._done: list[PromptResult] = []
 
     def add_work(self, work: Work) -> None:
@@ -60,6 +61,7 @@ class Rollouts:
             self.decode_steps += 1
             for f in self.engine.step(admit=not self.holding):
                 self._apply(self.sched.finished(f))
+            self.busy_rows += self.engine.last_step_rows
         if self.verify.pending:
             for rid, ok in self.verify.results(0.0 if self.decoding else wait_s):
                 self._apply(self.sched.verified(rid, ok))
@@ -123,8 +125,15 @@ class Rollouts:
         self.verify.close()
 
 
-def to_group(r: PromptResult, actor_id: int, version: int) -> Group:
-    return Group(protocol_version=PROTOCOL_VERSION, policy_version=version,
+def engine_load(rollouts: Rollouts) -> EngineLoad:
+    return EngineLoad(decode_steps=rollouts.decode_steps,
+                      busy_rows=rollouts.busy_rows, max_rows=rollouts.engine.max_rows,
+                      prefix_cache_resets_refused=rollouts.engine.prefix_cache_resets_refused)
+
+
+def to_group(r: PromptResult, actor_id: int, version: int,
+             load: EngineLoad | None = None) -> Group:
+    return Group(protocol_version=PROTOCOL_VERSION, policy_version=version, engine_load=load,
                  group_id=r.prompt.group_id, prompt_id=r.prompt.prompt_id, actor_id=actor_id,
                  work_id=r.work_id, prompt_token_ids=r.prompt.prompt_token_ids,
                  samples=r.samples, gen_time_s=r.gen_time_s, aborted_samples=r.aborted_samples,

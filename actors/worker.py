@@ -30,7 +30,7 @@ from collections.abc import Callable
 from transformers import AutoTokenizer
 
 from actors.engines import make_engine
-from actors.stream import Rollouts, to_group
+from actors.stream import Rollouts, engine_load, to_group
 from tasks.verifier import Verifier
 from protocol.config import Config
 from protocol.messages import PROTOCOL_VERSION, Heartbeat, Hello, Shutdown, SyncWeights, Work
@@ -186,7 +186,7 @@ def run_actor(cfg: Config, actor_id: int) -> int:
                     last_beat = 0.0  # beat now: the learner is sorting out who is alive
             for result in rollouts.step(wait_s=0.002):
                 version = -1 if weights.version is None else weights.version
-                endpoint.send(to_group(result, actor_id, version))
+                endpoint.send(to_group(result, actor_id, version, engine_load(rollouts)))
             if time.monotonic() - last_beat >= cfg.actors.heartbeat_s:
                 beat()
                 last_beat = time.monotonic()

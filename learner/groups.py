@@ -15,7 +15,7 @@ import numpy as np
 from learner.advantages import drgrpo_advantages, grpo_advantages, rloo_advantages
 from learner.staleness import staleness_weight
 from protocol.config import LossConfig
-from protocol.messages import Group, version_runs
+from protocol.messages import EngineLoad, Group, version_runs
 
 
 def group_advantages(rewards: list[float], loss_cfg: LossConfig) -> list[float]:
@@ -123,6 +123,31 @@ def selection_metrics(generated: list[Group], dropped: list[Group], trained: lis
                     "stale/dropped_len_p90": _p(lengths(dropped), 90),
                     "stale/dropped_stage_mean": float(np.mean([last_stage(g) for g in dropped]))})
     return out
+
+
+def engine_load_metrics(groups: list[Group], seen: dict[int, EngineLoad]
+                        ) -> tuple[dict, dict[int, EngineLoad]]:
+    """`gen/engine_fill`: busy rows over row capacity across the actors' decode steps since the
+    last step (the newest counters each actor sent then, in `seen`; an actor whose counters went
+    back was restarted and counts from zero), None if no engine stepped. Low under a long tail:
+    the engine drains to the longest answer with most rows idle. `sync/prefix_cache_reset_refused`:
+    the actors' refused prefix-cache resets so far. Returns the metrics and the new `seen`."""
+    step_newest: dict[int, EngineLoad] = {}
+    for g in groups:
+        load, last = g.engine_load, step_newest.get(g.actor_id)
+        if load is not None and (last is None or load.decode_steps > last.decode_steps):
+            step_newest[g.actor_id] = load
+    newest = {**seen, **step_newest}
+    rows = capacity = 0
+    for actor, load in newest.items():
+        before = seen.get(actor)
+        if before is None or load.decode_steps < before.decode_steps:  # new or restarted
+            before = EngineLoad(decode_steps=0, busy_rows=0, max_rows=load.max_rows)
+        rows += load.busy_rows - before.busy_rows
+        capacity += (load.decode_steps - before.decode_steps) * load.max_rows
+    return {"gen/engine_fill": rows / capacity if capacity else None,
+            "sync/prefix_cache_reset_refused":
+                sum(load.prefix_cache_resets_refused for load in newest.values())}, newest
 
 
 def _p(values: list[int], q: float) -> float | None:

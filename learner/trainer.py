@@ -33,7 +33,7 @@ from learner.coordinator import Coordinator
 from learner.algorithms import AlgorithmState, build_step
 from learner.data import PromptSource, PromptStream, held_out, rollout_spec
 from learner.engine import build_engine, build_reference, init_learner_distributed, publish_weights
-from learner.groups import group_metrics, group_staleness, is_stale
+from learner.groups import engine_load_metrics, group_metrics, group_staleness, is_stale
 from learner.losses import dapo_keep_group
 from learner.ranks import PlanChannel, train_step
 from learner.run_log import RunLog, set_aside_run, write_json_atomic
@@ -103,6 +103,7 @@ class Learner:
         # the version the actors hold (the last one published): admission counts from it, since
         # under weight_sync.sync_every > 1 they sample up to sync_every - 1 versions behind
         self.actors_version = self.version
+        self.engine_loads: dict = {}  # actor id -> its engine's newest counters (gen/engine_fill)
         # the weight group's rendezvous store, hosted for the whole run (actors connect to it
         # before they say hello; each membership change forms a new group over it)
         self.weight_store = host_store(cfg.net.learner_host, cfg.net.weights_port,
@@ -302,6 +303,8 @@ class Learner:
             batch = build_step(groups, self.algo, c, self.version, self.step,
                                self._goldens(groups))
             metrics.update(group_metrics(generated, dropped, trained=groups))
+            load, self.engine_loads = engine_load_metrics([*generated, *dropped], self.engine_loads)
+            metrics.update(load)
             metrics["groups/trained_ids"] = [g.group_id for g in groups]  # audit: none twice
             metrics["gen/responses_per_trained_prompt"] = (
                 metrics["gen/responses_per_step"] / max(len(groups), 1))

@@ -134,6 +134,13 @@ def check_group(group: Group, vocab_size: int | None = None) -> None:
     for name in ("aborted_samples", "aborted_tokens", "saved_tokens_est"):
         if getattr(group, name) < 0:
             raise ProtocolError("bad_schema", f"{name} = {getattr(group, name)} < 0")
+    if (load := group.engine_load) is not None:
+        for name in ("decode_steps", "busy_rows", "max_rows", "prefix_cache_resets_refused"):
+            if getattr(load, name) < 0:
+                raise ProtocolError("bad_schema", f"engine_load.{name} = {getattr(load, name)} < 0")
+        if load.max_rows < 1 or load.busy_rows > load.decode_steps * load.max_rows:
+            raise ProtocolError("bad_schema", f"engine_load: {load.busy_rows} busy rows in "
+                                              f"{load.decode_steps} steps of {load.max_rows} rows")
 
 
 def _check_version_runs(runs: list[tuple[int, int]], oldest: int, tokens: int,

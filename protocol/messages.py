@@ -18,11 +18,12 @@ from typing import Literal, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 # 2: SyncWeights names the weight group's epoch, rank and size
 # 3: the rollout strategy staged -> stop_on_correct, aero_budget -> aero_rescue_budget_per_prompt,
 #    hora allocated at the actor from the posterior counts each Prompt carries
 # 4: Sample.version_runs (per-token policy versions), Group's aborted-sample counts
+# 5: Group.engine_load (the actor engine's cumulative decode counters)
 
 
 class _Message(msgspec.Struct, tag_field="kind", forbid_unknown_fields=True, frozen=True):
@@ -116,6 +117,17 @@ def version_runs(sample: Sample) -> list[tuple[int, int]]:
     return list(sample.version_runs) or [(sample.policy_version, len(sample.token_ids))]
 
 
+class EngineLoad(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """An actor engine's counters since the actor started, as they stood when a group was sent:
+    the learner takes their growth over a step for `gen/engine_fill` (how full the engine's
+    rows were while it decoded: the long-tail bubble) and `sync/prefix_cache_reset_refused`."""
+
+    decode_steps: int
+    busy_rows: int  # summed over decode steps: requests that got a token at that step
+    max_rows: int  # requests the engine decodes at once (HF: actors.max_batch; vLLM: max_num_seqs)
+    prefix_cache_resets_refused: int = 0  # vLLM under continue (actors/engines/vllm_step.py)
+
+
 class Group(_Message, tag="group"):
     """Actor -> learner: every fresh response sampled for one prompt."""
 
@@ -136,6 +148,7 @@ class Group(_Message, tag="group"):
     """Estimate of the tokens the siblings of a first correct answer would still have produced
     had they not been aborted (per sibling: the mean length of the prompt's finished samples
     minus what it had, at least 1)."""
+    engine_load: EngineLoad | None = None
 
 
 class Hello(_Message, tag="hello"):

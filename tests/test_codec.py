@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from protocol.codec import REASONS, ProtocolError, decode, encode
 from protocol.messages import (
+    EngineLoad,
     PROTOCOL_VERSION,
     Group,
     Heartbeat,
@@ -113,6 +114,10 @@ BAD_FRAMES = {
     "bad_schema/runs going back": (encode(group(sample(version_runs=[(3, 2), (3, 1)]))), {}),
     "bad_schema/empty run": (encode(group(sample(version_runs=[(3, 3), (4, 0)]))), {}),
     "bad_schema/negative count": (encode(msgspec.structs.replace(group(), aborted_tokens=-1)), {}),
+    "bad_schema/engine rows over capacity": (encode(msgspec.structs.replace(
+        group(), engine_load=EngineLoad(decode_steps=2, busy_rows=9, max_rows=4))), {}),
+    "bad_schema/negative engine counter": (encode(msgspec.structs.replace(
+        group(), engine_load=EngineLoad(decode_steps=-1, busy_rows=0, max_rows=4))), {}),
 }
 
 

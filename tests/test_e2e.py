@@ -35,6 +35,8 @@ def test_sync_mode_is_exactly_on_policy(tmp_path, tiny_model, inflight):
         assert r["gen/policy_version_min"] == r["gen/policy_version_max"] == r["step"] - 1
         assert r["gen/version_spread_max"] == 0 and r["gen/aborted_tokens"] == 0
         assert r["gen/responses_per_prompt"] == 8
+        # 8 prompts x 8 samples in an engine of 512 rows (actors.max_batch): at most 1/8 full
+        assert 0 < r["gen/engine_fill"] <= 64 / 512
     assert "eval/avg@8" in rows[0] and "eval/avg@8" in rows[2] and "eval/avg@8" in rows[4]
 
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import msgspec
+import pytest
+
 from learner.algorithms import AlgorithmState
-from learner.groups import group_metrics
+from learner.groups import engine_load_metrics, group_metrics
 from learner.trainer import Learner
 from protocol.config import Config, build
-from protocol.messages import Group, Sample
+from protocol.messages import EngineLoad, Group, Sample
 from protocol.presets import merge_under, preset
 
 
@@ -99,3 +102,23 @@ def test_what_drop_takes_is_measured_against_what_was_generated():
     assert m["stale/dropped_stage_mean"] == 1.0
     assert m["resp/len_generated_p90"] == 40 and m["resp/len_trained_p90"] == 3
     assert m["groups/later_stage_frac"] == 1 / 3 and m["groups/later_stage_frac_trained"] == 0
+
+
+def loaded(actor: int, steps: int, rows: int, max_rows: int = 4, refused: int = 0) -> Group:
+    return msgspec.structs.replace(group("x", 0, 2), actor_id=actor, engine_load=EngineLoad(
+        decode_steps=steps, busy_rows=rows, max_rows=max_rows, prefix_cache_resets_refused=refused))
+
+
+def test_engine_fill_is_busy_rows_over_capacity_since_the_last_step_across_actors():
+    # actor 0: 10 steps of 4 rows, 30 busy; actor 1: 10 steps of 8 rows, 20 busy (one long
+    # answer draining the engine); the step's groups carry growing counters, the newest counts
+    first, seen = engine_load_metrics([loaded(0, 4, 12), loaded(0, 10, 30), loaded(1, 10, 20, 8)],
+                                      {})
+    assert first["gen/engine_fill"] == pytest.approx(50 / (10 * 4 + 10 * 8))
+    # next step: actor 0 moved on 10 steps, all rows busy; actor 1 restarted (counters from 0)
+    second, seen = engine_load_metrics([loaded(0, 20, 70, refused=2), loaded(1, 5, 5, 8)], seen)
+    assert second["gen/engine_fill"] == pytest.approx((40 + 5) / (10 * 4 + 5 * 8))
+    assert second["sync/prefix_cache_reset_refused"] == 2
+    # a step whose groups came from engines that did not step: no fill to speak of
+    third, _ = engine_load_metrics([loaded(0, 20, 70)], seen)
+    assert third["gen/engine_fill"] is None

@@ -85,6 +85,17 @@ class Engine(Protocol):
         """Requests running or queued."""
         ...
 
+    @property
+    def max_rows(self) -> int:
+        """Requests it decodes at once (more wait for room)."""
+        ...
+
+    last_step_rows: int
+    """Requests that got a token at the last `step()`."""
+
+    prefix_cache_resets_refused: int
+    """Weight updates after which the prefix cache kept blocks of older weights (vLLM)."""
+
     def weight_targets(self) -> list[tuple[str, torch.Tensor]]:
         """Tensors, in the learner's `named_parameters` order and shapes, that a weight broadcast
         writes into. For an engine that owns its parameters these are the parameters."""

@@ -99,6 +99,13 @@ class HFEngine:
     def unfinished(self) -> int:
         return len(self._rows) + len(self._waiting)
 
+    last_step_rows: int = 0
+    prefix_cache_resets_refused: int = 0  # no prefix cache: never
+
+    @property
+    def max_rows(self) -> int:
+        return self.max_batch
+
     def abort(self, request_ids: Iterable[int]) -> list[Aborted]:
         """Stop these requests now; returns what each had generated (unknown ids: ignored)."""
         ids = set(request_ids)
@@ -129,6 +136,7 @@ class HFEngine:
             self._kv.join(kv)
             self._rows += new
             self._last = last if self._last is None else torch.cat([self._last, last])
+        self.last_step_rows = len(self._rows)  # every one got a token
         return self._collect_finished()
 
     def _sample_into(self, rows: list[_Request], logits: torch.Tensor,

@@ -78,6 +78,7 @@ class VLLMStepLoop:
     policy_version: int = 0
     weights_loaded: int = 0  # weight updates committed: the cache salt of new requests
     prefix_cache_resets_refused: int = 0
+    last_step_rows: int = 0
 
     def _step_state(self) -> dict[int, _Request]:
         if not hasattr(self, "_requests"):
@@ -122,6 +123,7 @@ class VLLMStepLoop:
                     self._enter(rid, r)
         else:
             self._take_out_unstarted()
+        self.last_step_rows = 0
         if not any(r.in_vllm for r in requests.values()):
             return []
         t0 = time.perf_counter()
@@ -135,6 +137,7 @@ class VLLMStepLoop:
             if r is None or not r.in_vllm:  # aborted or taken out meanwhile
                 continue
             c = out.outputs[0]
+            self.last_step_rows += bool(c.token_ids)
             r.extend(c.token_ids, c.logprobs, self.policy_version)
             r.compute_s += share
             if out.finished:
@@ -162,6 +165,10 @@ class VLLMStepLoop:
 
     def unfinished(self) -> int:
         return len(self._step_state())
+
+    @property
+    def max_rows(self) -> int:
+        return self._llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
 
     def commit_weights(self) -> None:
         self._reload_weights()
