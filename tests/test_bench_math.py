@@ -210,7 +210,9 @@ def test_learner_wait_per_sync_of_each_inflight_policy_and_the_5x_targets():
         rows = throughput_run(1.0, 0.5)
         for r in rows[1:]:
             r.update({"sync/learner_wait_s": wait_s, "groups/trained_ids": ["a", "b"],
-                      "gen/aborted_tokens": 4, "gen/version_spread_max": 1})
+                      "gen/aborted_tokens": 4, "gen/version_spread_max": 1,
+                      "gen/engine_fill": 0.25, "gen/responses_dropped_stale": 2,
+                      "gen/responses_per_step": 16})
         return rows
     s = throughput.summarize({"async_s2_finish": run(0.10), "async_s2_continue": run(0.01),
                               "async_s2_abort": run(0.04)}, actors=1)
@@ -218,6 +220,7 @@ def test_learner_wait_per_sync_of_each_inflight_policy_and_the_5x_targets():
     assert m["learner_wait_s_per_sync"] == pytest.approx(0.01)
     assert m["gen_tokens_per_trained_prompt"] == pytest.approx(60 / 2)
     assert m["aborted_tokens_per_step"] == 4 and m["version_spread_max"] == 1
+    assert m["engine_fill"] == 0.25 and m["dropped_frac"] == pytest.approx(2 / 16)
     t = s["targets"]
     assert t["learner_wait_continue_5x_below_finish"]["value"] == pytest.approx(10.0)
     assert t["learner_wait_continue_5x_below_finish"]["met"] is True

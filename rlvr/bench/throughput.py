@@ -10,7 +10,8 @@ Trains the config's algorithm for the same number of steps in each schedule (`--
              also swap in Mu-GRPO's loss and fixed-N sampling)
 The in-flight weight update policies (`actors.inflight_update`, README "How data flows") and
 AR3PO's abort on first correct are modes too, selected with `--modes`:
-  async_s2_finish / async_s2_continue / async_s2_abort   max_staleness=2 and that policy
+  async_s2_finish / async_s2_continue / async_s2_abort / async_s2_recompute
+                                 max_staleness=2 and that policy
   async_s2_first_correct_abort   max_staleness=2 with rollout.abort_on_first_correct=true
 The table reports the learner's wait per weight sync (`sync/learner_wait_s`: from telling the
 actors to sync to the last one holding the weights) side by side.
@@ -21,7 +22,9 @@ to max_staleness steps of groups in them, which a short window would count as sp
 step (final evaluation and checkpoint) is left out too. Reported: steps per minute, generated
 and trained tokens/s, the learner's busy fraction (1 - its wait for groups / wall), the actors'
 busy fraction (actor-seconds spent sampling the window's groups, `perf/actor_gen_s`, / wall x
-actors.count), weight-sync seconds per step, and held-out accuracy at the end.
+actors.count), weight-sync seconds per step, the engines' fill (`gen/engine_fill`: busy rows
+over row capacity while decoding, what a long tail empties), the share of generated responses
+dropped as stale, and held-out accuracy at the end.
 
 The overlap bound comes from the sync run itself: there a step is G (the learner waits while
 the actors generate: `perf/learner_idle_s`) then T (the learner's own work: step time - wait),
@@ -50,11 +53,13 @@ MODES = {
     "async_s2_finish": ["mode=async", "max_staleness=2", "actors.inflight_update=finish"],
     "async_s2_continue": ["mode=async", "max_staleness=2", "actors.inflight_update=continue"],
     "async_s2_abort": ["mode=async", "max_staleness=2", "actors.inflight_update=abort"],
+    "async_s2_recompute": ["mode=async", "max_staleness=2", "actors.inflight_update=recompute"],
     "async_s2_first_correct_abort": ["mode=async", "max_staleness=2",
                                      "rollout.abort_on_first_correct=true"],
 }
 DEFAULT_MODES = ("sync", "async_s1", "async_s2", "async_s4", "staged")
-INFLIGHT_MODES = ("sync", "async_s2_finish", "async_s2_continue", "async_s2_abort")
+INFLIGHT_MODES = ("sync", "async_s2_finish", "async_s2_continue", "async_s2_abort",
+                  "async_s2_recompute")
 ASYNC_MODE = "async_s2"  # the one the speedup and the targets are about
 
 
@@ -113,12 +118,14 @@ def report(results: dict) -> str:
              m["gen_tokens_per_s"], m["train_tokens_per_s"], m["learner_busy_frac"],
              m["actor_busy_frac"], m["sync_s_per_step"], _ms(m.get("learner_wait_s_per_sync")),
              m.get("gen_tokens_per_trained_prompt"), m.get("aborted_tokens_per_step"),
-             m["stale_max"], m.get("version_spread_max"), m["eval_avg@8"]]
+             m.get("engine_fill"), m.get("dropped_frac"), m["stale_max"],
+             m.get("version_spread_max"), m["eval_avg@8"]]
             for mode, m in results["modes"].items()]
     table = markdown_table(["mode", "steps/min", "x sync", "of bound", "gen tok/s",
                             "train tok/s", "learner busy", "actor busy", "sync s/step",
                             "learner wait ms/sync", "tok/trained prompt", "aborted tok/step",
-                            "stale max", "versions in a response", "eval/avg@8"], rows)
+                            "engine fill", "dropped", "stale max", "versions in a response",
+                            "eval/avg@8"], rows)
     o = results["overlap"]
     bound = (f"sync run: G (generation, learner waits) = {_s(o['G_s'])} s/step, "
              f"T (learner work) = {_s(o['T_s'])} s/step; overlap bound (G+T)/max(G,T) = "
