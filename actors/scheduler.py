@@ -200,7 +200,7 @@ class RolloutScheduler:
     # -- state --------------------------------------------------------------------------------
     def in_flight(self) -> int:
         """Requests submitted and not yet finished or aborted."""
-        return sum(len(p.in_flight) for p in set(self._owner.values()))
+        return sum(len(p.in_flight) for p in {id(p): p for p in self._owner.values()}.values())
 
     def open_prompts(self) -> int:
         return len({id(p) for p in self._owner.values()})

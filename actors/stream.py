@@ -22,7 +22,9 @@ Weight updates while requests are in flight (`actors.inflight_update`, ALGORITHM
 
 from __future__ import annotations
 
-from actors.engines import Engine
+import os
+
+from actors.engines import Aborted, Engine
 from actors.scheduler import Actions, PromptResult, RolloutScheduler, SampleRequest
 from actors.verify_queue import VerifyQueue
 from protocol.messages import PROTOCOL_VERSION, EngineLoad, Group, Work
@@ -110,6 +112,12 @@ class Rollouts:
             else:
                 self._add(req)
         if acts.abort:
+            # held ones (a sync is on) are not in the engine yet: stopped here, nothing sampled
+            stop = set(acts.abort)
+            held = [r.request_id for r in self.held if r.request_id in stop]
+            self.held = [r for r in self.held if r.request_id not in stop]
+            for rid in held:
+                self._apply(self.sched.aborted(Aborted(rid, 0)))
             for a in self.engine.abort(acts.abort):
                 self._apply(self.sched.aborted(a))
         for rid, token_ids, answer in acts.verify:
@@ -128,7 +136,8 @@ class Rollouts:
 def engine_load(rollouts: Rollouts) -> EngineLoad:
     return EngineLoad(decode_steps=rollouts.decode_steps,
                       busy_rows=rollouts.busy_rows, max_rows=rollouts.engine.max_rows,
-                      prefix_cache_resets_refused=rollouts.engine.prefix_cache_resets_refused)
+                      prefix_cache_resets_refused=rollouts.engine.prefix_cache_resets_refused,
+                      process=os.getpid())
 
 
 def to_group(r: PromptResult, actor_id: int, version: int,

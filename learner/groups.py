@@ -128,20 +128,21 @@ def selection_metrics(generated: list[Group], dropped: list[Group], trained: lis
 def engine_load_metrics(groups: list[Group], seen: dict[int, EngineLoad]
                         ) -> tuple[dict, dict[int, EngineLoad]]:
     """`gen/engine_fill`: busy rows over row capacity across the actors' decode steps since the
-    last step (the newest counters each actor sent then, in `seen`; an actor whose counters went
-    back was restarted and counts from zero), None if no engine stepped. Low under a long tail:
+    last step (the newest counters each actor sent then, in `seen`; a restarted actor, a new
+    process, counts from zero), None if no engine stepped. Low under a long tail:
     the engine drains to the longest answer with most rows idle. `sync/prefix_cache_reset_refused`:
     the actors' refused prefix-cache resets so far. Returns the metrics and the new `seen`."""
     step_newest: dict[int, EngineLoad] = {}
     for g in groups:
         load, last = g.engine_load, step_newest.get(g.actor_id)
-        if load is not None and (last is None or load.decode_steps > last.decode_steps):
-            step_newest[g.actor_id] = load
+        if load is not None and (last is None or load.process != last.process
+                                 or load.decode_steps > last.decode_steps):
+            step_newest[g.actor_id] = load  # a new process is the live one
     newest = {**seen, **step_newest}
     rows = capacity = 0
     for actor, load in newest.items():
         before = seen.get(actor)
-        if before is None or load.decode_steps < before.decode_steps:  # new or restarted
+        if before is None or before.process != load.process:  # new or restarted
             before = EngineLoad(decode_steps=0, busy_rows=0, max_rows=load.max_rows)
         rows += load.busy_rows - before.busy_rows
         capacity += (load.decode_steps - before.decode_steps) * load.max_rows

@@ -242,14 +242,22 @@ def config_warnings(cfg: Config) -> list[str]:
     """Settings that work but bias the data, said at the start of a run (launcher and learner):
     under `drop` or `downweight` the groups that outlive the bound are the long answers and the
     late stages (AR3PO's second stage, AERO's rescue rounds, HORA's second phase), the hard
-    prompts, so the consumption rule filters (or discounts) by length and difficulty."""
-    if cfg.mode != "async" or cfg.stale_policy == "tis":
+    prompts, so the consumption rule filters (or discounts) by length and difficulty; `tis`
+    without a behaviour weight trains those groups uncorrected."""
+    if cfg.mode != "async":
         return []
-    verb = "dropped" if cfg.stale_policy == "drop" else "down-weighted"
+    if cfg.stale_policy == "tis":
+        if cfg.loss.behav_weight_mode != "off":
+            return []
+        return ["stale_policy 'tis' trains groups staler than max_staleness "
+                f"({cfg.max_staleness}) relying on the behaviour weight, which "
+                "loss.behav_weight_mode 'off' turns off: they are trained uncorrected"]
+    verb, shown = {"drop": ("dropped", "stale/dropped_len_p90 and stale/dropped_stage_mean"),
+                   "downweight": ("down-weighted", "stale/over_bound_groups")}[cfg.stale_policy]
     return [f"stale_policy '{cfg.stale_policy}': groups that come back staler than "
             f"max_staleness ({cfg.max_staleness}) are {verb}, and those are the long answers and "
             "the late sampling stages (the hard prompts): a filter by length and difficulty. "
-            "See stale/dropped_len_p90 and stale/dropped_stage_mean against resp/len_p90; the "
+            f"See {shown} against resp/len_generated_p90 and groups/later_stage_frac; the "
             "default 'tis' trains every group under the truncated importance weight"]
 
 

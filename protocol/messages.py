@@ -126,6 +126,7 @@ class EngineLoad(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     busy_rows: int  # summed over decode steps: requests that got a token at that step
     max_rows: int  # requests the engine decodes at once (HF: actors.max_batch; vLLM: max_num_seqs)
     prefix_cache_resets_refused: int = 0  # vLLM under continue (actors/engines/vllm_step.py)
+    process: int = 0  # the actor's pid: counters of a restarted actor start again from 0
 
 
 class Group(_Message, tag="group"):

@@ -45,6 +45,7 @@ DEMO_WARM_START = ["-m", "rlvr.warm_start", str(TINY), f"warm_start.cache_dir={D
 _demo_build: dict = {}
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist runs the suite too
 def pytest_xdist_make_scheduler(config, log):
     """`make test`'s two xdist workers take the suite in lanes (tests/lanes.py)."""
     return make_scheduler(config, log)

@@ -31,8 +31,13 @@ def lane(nodeid: str) -> str:
 
 
 def make_scheduler(config, log):
-    """xdist's scope scheduling (a scope goes whole to one worker) with lanes as the scopes."""
+    """xdist's scope scheduling (a scope goes whole to one worker) with lanes as the scopes, for
+    the load-balancing modes (`-n 2` alone means `--dist load`); None leaves `--dist each`,
+    `worksteal` and `loadfile` to xdist."""
     from xdist.scheduler import LoadScopeScheduling
+
+    if config.getvalue("dist") not in ("load", "loadscope", "loadgroup"):
+        return None
 
     class LaneScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:

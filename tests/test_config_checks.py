@@ -98,6 +98,9 @@ def test_a_consumption_rule_that_filters_by_length_is_said_at_the_start():
         (warning,) = config_warnings(load_config(TINY, ["mode=async", f"stale_policy={policy}"]))
         assert f"stale_policy '{policy}'" in warning and "length and difficulty" in warning
     assert config_warnings(load_config(TINY, ["mode=sync", "stale_policy=drop"])) == []
+    # tis with the behaviour weight off keeps the stale groups but corrects nothing
+    (warning,) = config_warnings(load_config(TINY, ["mode=async", "loss.behav_weight_mode=off"]))
+    assert "loss.behav_weight_mode 'off'" in warning and "uncorrected" in warning
 
 
 def test_every_problem_is_listed_at_once():

@@ -104,9 +104,11 @@ def test_what_drop_takes_is_measured_against_what_was_generated():
     assert m["groups/later_stage_frac"] == 1 / 3 and m["groups/later_stage_frac_trained"] == 0
 
 
-def loaded(actor: int, steps: int, rows: int, max_rows: int = 4, refused: int = 0) -> Group:
+def loaded(actor: int, steps: int, rows: int, max_rows: int = 4, refused: int = 0,
+           process: int = 1) -> Group:
     return msgspec.structs.replace(group("x", 0, 2), actor_id=actor, engine_load=EngineLoad(
-        decode_steps=steps, busy_rows=rows, max_rows=max_rows, prefix_cache_resets_refused=refused))
+        decode_steps=steps, busy_rows=rows, max_rows=max_rows, prefix_cache_resets_refused=refused,
+        process=process))
 
 
 def test_engine_fill_is_busy_rows_over_capacity_since_the_last_step_across_actors():
@@ -115,9 +117,11 @@ def test_engine_fill_is_busy_rows_over_capacity_since_the_last_step_across_actor
     first, seen = engine_load_metrics([loaded(0, 4, 12), loaded(0, 10, 30), loaded(1, 10, 20, 8)],
                                       {})
     assert first["gen/engine_fill"] == pytest.approx(50 / (10 * 4 + 10 * 8))
-    # next step: actor 0 moved on 10 steps, all rows busy; actor 1 restarted (counters from 0)
-    second, seen = engine_load_metrics([loaded(0, 20, 70, refused=2), loaded(1, 5, 5, 8)], seen)
-    assert second["gen/engine_fill"] == pytest.approx((40 + 5) / (10 * 4 + 5 * 8))
+    # next step: actor 0 moved on 10 steps, all rows busy; actor 1 restarted, a new process
+    # whose counters (from 0) are already past the old one's
+    second, seen = engine_load_metrics([loaded(0, 20, 70, refused=2),
+                                        loaded(1, 12, 30, 8, process=2)], seen)
+    assert second["gen/engine_fill"] == pytest.approx((40 + 30) / (10 * 4 + 12 * 8))
     assert second["sync/prefix_cache_reset_refused"] == 2
     # a step whose groups came from engines that did not step: no fill to speak of
     third, _ = engine_load_metrics([loaded(0, 20, 70)], seen)

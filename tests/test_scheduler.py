@@ -274,3 +274,29 @@ def test_hora_two_phase_samples_nothing_more_when_every_probe_hit():
     sim = Sim(RolloutScheduler(), first_correct_at({0: 0, 1: 1}))
     out = sim.run(work_with_priors(hora_spec(hora_two_phase=True), [(0, 0)] * 2))
     assert [len(out[p].samples) for p in (0, 1)] == [2, 2]
+
+
+def test_stopping_samples_held_through_a_sync_takes_them_out_of_the_hold(tmp_path):
+    # a first correct answer's verdict can arrive while a sync holds the prompt's other samples
+    # (recompute puts every running sample there): they must stop, not start after the sync
+    from transformers import AutoModelForCausalLM
+
+    from actors.engines.hf import HFEngine
+    from actors.stream import Rollouts
+    from tasks.tiny_model import build_tiny
+    from tasks.verifier import Verifier
+
+    path = build_tiny(tmp_path / "m", hidden=32, layers=1, heads=2, ffn=64, seed=0)
+    rollouts = Rollouts(HFEngine(AutoModelForCausalLM.from_pretrained(path)), None,
+                        Verifier(5.0), abort_on_first_correct=True)
+    try:
+        rollouts.hold()
+        rollouts.add_work(work(RolloutSpec(strategy="stop_on_correct", max_new_tokens=8,
+                                           stage_sizes=[8]), 1))
+        held = [r.request_id for r in rollouts.held]
+        assert len(held) == 8
+        rollouts._apply(Actions(abort=held[:3]))
+        assert [r.request_id for r in rollouts.held] == held[3:]
+        assert rollouts.sched.in_flight() == 5
+    finally:
+        rollouts.close()

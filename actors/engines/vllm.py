@@ -227,7 +227,9 @@ class VLLMEngine(VLLMStepLoop):
         requests = build_requests([prompts[i] for i in rows], [n[i] for i in rows],
                                   max_new_tokens, temperature, top_p, self.eos_token_ids)
         params = [self._SamplingParams(**kw) for _, kw in requests]
-        results = self._llm.generate([p for p, _ in requests], params, use_tqdm=False)
+        salt = f"weights-{self.weights_loaded}"  # as the step loop's: no block of older weights
+        results = self._llm.generate([{**p, "cache_salt": salt} for p, _ in requests], params,
+                                     use_tqdm=False)
         for i, result in zip(rows, results):  # LLM.generate keeps the input order
             out[i] = [completion_from_output(c.token_ids, c.logprobs, self.eos_token_ids,
                                              max_new_tokens) for c in result.outputs]

@@ -341,7 +341,7 @@ def throughput_targets(modes: dict[str, dict], bound: float | None, async_mode: 
     sync_acc = s.get("eval_avg@8")
     out = {}
     finish = modes.get("async_s2_finish", {}).get("learner_wait_s_per_sync")
-    for policy in ("continue", "abort"):  # the in-flight weight update policies (8.1)
+    for policy in ("continue", "abort", "recompute"):  # the in-flight update policies (8.1)
         if f"async_s2_{policy}" in modes and "async_s2_finish" in modes:
             out[f"learner_wait_{policy}_5x_below_finish"] = target(
                 f"learner wait per sync: async_s2_finish / async_s2_{policy} >= 5",
