@@ -7,9 +7,8 @@ decoding are done (no new one starts meanwhile), `continue` loads the weights be
 steps and decodes on, `abort` drops the running samples and samples them again under the new
 weights (one already started again `actors.abort_limit` times decodes on instead, so a response
 longer than the time between syncs still ends), `recompute` stops them, keeps their tokens and
-decodes on from prompt + partial response re-prefilled under the new weights. A sync only makes the weights newer, so the staleness bound the learner enforces at
-admission still holds; in sync mode (bound 0) nothing is in flight when a sync arrives, so every
-policy stays exactly on-policy.
+decodes on from prompt + partial response re-prefilled under the new weights. In sync mode
+(bound 0) nothing is in flight when a sync arrives, so every policy stays exactly on-policy.
 
 A failed broadcast (another actor died in it) leaves this actor's weights half-written: it then
 drops what it was decoding and generates nothing until the learner has formed a new weight group
