@@ -46,7 +46,7 @@ def engine_kwargs(cfg: Config) -> dict:
     return dict(device=cfg.model.device, dtype=cfg.model.dtype,
                 gpu_memory_utilization=a.gpu_memory_utilization, kv_cache_gib=a.kv_cache_gib,
                 enable_prefix_caching=a.enable_prefix_caching, max_model_len=a.max_model_len,
-                enforce_eager=a.enforce_eager, seed=cfg.run.seed)
+                enforce_eager=a.enforce_eager, seed=cfg.run.seed, max_batch=a.max_batch)
 
 
 def while_beating(blocking: Callable[[], object], beat: Callable[[], None], every_s: float):

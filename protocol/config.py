@@ -227,7 +227,8 @@ class ActorsConfig:
     threads: int = 1
     """Torch CPU threads per actor."""
     max_batch: int = 512
-    """Largest generation batch (sequences) per engine call."""
+    """Sequences the engine decodes at once (HF: rows of its batch; vLLM: max_num_seqs); more
+    wait for room."""
     heartbeat_s: float = 2.0
     """Actor heartbeat period."""
     heartbeat_timeout_s: float = 30.0

@@ -47,10 +47,13 @@ def learner_model(tiny_model):
     return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
 
 
+MAX_BATCH = 24  # actors.max_batch: vLLM's max_num_seqs
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_model):
     engine = VLLMEngine(str(tiny_model), device="cpu", dtype="float32", kv_cache_gib=1,
-                        max_model_len=256, seed=0)
+                        max_model_len=256, seed=0, max_batch=MAX_BATCH)
     yield engine
     engine.close()
 
@@ -179,6 +182,19 @@ def test_weights_sent_back_restore_the_original_log_probs(engine, learner_model,
 
 
 # -- generation --------------------------------------------------------------------------------
+
+def test_actors_max_batch_caps_the_sequences_vllm_decodes_at_once(engine, prompts):
+    # 40 requests in an engine of 24 rows: never more than 24 get a token in one step, and the
+    # rest start as the first ones end (before, max_batch never reached vLLM: 256 on CPU)
+    assert engine.max_rows == MAX_BATCH
+    for rid in range(40):
+        engine.add(10_000 + rid, prompts[rid % len(prompts)], max_new_tokens=6)
+    rows = []
+    while engine.unfinished():
+        engine.step()
+        rows.append(engine.last_step_rows)
+    assert max(rows) == MAX_BATCH and sum(rows) >= 40
+
 
 def test_each_prompt_gets_its_own_number_of_completions_in_order(engine, tokenizer, prompts):
     out = engine.generate(prompts[:3], n=[2, 0, 5], max_new_tokens=8)

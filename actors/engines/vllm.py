@@ -70,7 +70,7 @@ GiB = 1 << 30
 def engine_kwargs(model_path: str, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.5,
                   enable_prefix_caching: bool = True, max_model_len: int | None = None,
                   seed: int = 0, enforce_eager: bool = False,
-                  kv_cache_gib: float | None = None) -> dict:
+                  kv_cache_gib: float | None = None, max_num_seqs: int | None = None) -> dict:
     """Keyword arguments for `vllm.LLM`: one device, sampling defaults from vLLM rather than the
     checkpoint's generation_config (whose top_k/top_p/repetition_penalty would silently change
     the behaviour policy), log-probs of the distribution actually sampled."""
@@ -81,6 +81,8 @@ def engine_kwargs(model_path: str, dtype: str = "bfloat16", gpu_memory_utilizati
               logprobs_mode="processed_logprobs")
     if max_model_len is not None:
         kw["max_model_len"] = max_model_len
+    if max_num_seqs is not None:  # actors.max_batch: sequences vLLM decodes in one step
+        kw["max_num_seqs"] = max_num_seqs
     if kv_cache_gib is not None:
         if kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib must be > 0, got {kv_cache_gib}")
@@ -194,7 +196,7 @@ class VLLMEngine(VLLMStepLoop):
                  gpu_memory_utilization: float = 0.5, enable_prefix_caching: bool = True,
                  max_model_len: int | None = None, seed: int = 0, enforce_eager: bool = False,
                  kv_cache_gib: float | None = None,
-                 eos_token_id: int | list[int] | None = None):
+                 eos_token_id: int | list[int] | None = None, max_batch: int | None = None):
         # In-process engine core: collective_rpc then passes the staging tensors by reference.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         try:
@@ -206,7 +208,7 @@ class VLLMEngine(VLLMStepLoop):
         try:
             self._llm = vllm.LLM(**engine_kwargs(model_path, dtype, gpu_memory_utilization,
                                                  enable_prefix_caching, max_model_len, seed,
-                                                 enforce_eager, kv_cache_gib))
+                                                 enforce_eager, kv_cache_gib, max_batch))
         finally:
             torch.set_num_threads = set_num_threads
         if eos_token_id is None:
