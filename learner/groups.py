@@ -62,6 +62,9 @@ def generation_cost(groups: list[Group], dropped: list[Group] = ()) -> dict:
         "actors/groups_by_actor": groups_by_actor(every),
         # what `rlvr plan` models generation from: the length distribution and each work item
         "resp/len_q": [float(q) for q in np.percentile(lengths or [0], range(0, 101, 10))],
+        # every generated response's length: a run's length distribution (p99, max, histogram;
+        # `rlvr bench throughput` pools them) is exact only from the lengths themselves
+        "resp/lengths": lengths,
         "gen/work_items": work_item_records(every),
     }
 

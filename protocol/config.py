@@ -64,6 +64,9 @@ class ModelConfig:
     """Tiny model: attention heads."""
     ffn: int = 512
     """Tiny model: MLP width."""
+    max_positions: int = 256
+    """Tiny model: the longest prompt + response it takes, in tokens (max_position_embeddings;
+    vLLM's max_model_len unless actors.max_model_len says less)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,10 @@ class WarmStartConfig:
     imitates a sloppy teacher, so sampling at temperature 1 often slips while the most likely
     answer is right. That gap between sampled and greedy accuracy is what RL with a verifier
     closes, visibly, within a demo's minutes."""
+    micro_batch: int | None = None
+    """Rows per forward pass of the warm start, the batch sorted by length first; the step's
+    gradient is the whole batch's either way. For long-tail answers: one 230-token row no longer
+    pads the whole batch to its width (3x faster on the long-tail task). null = one pass."""
     cache_dir: str = ".cache/rlvr"
     """Where warm-started models are cached, keyed by a hash of everything that shapes them."""
     level_weights: tuple[float, ...] | None = None

@@ -94,6 +94,13 @@ def value_problems(cfg: Config) -> list[str]:
                      f"({cfg.model.heads})")
     if not 0 <= cfg.optim.zero_stage <= 3:
         found.append(f"'optim.zero_stage' must be 0, 1, 2 or 3, got {cfg.optim.zero_stage}")
+    if not cfg.model.path and cfg.model.max_positions <= r.max_new_tokens:
+        found.append(f"'model.max_positions' ({cfg.model.max_positions}) must exceed "
+                     f"'rollout.max_new_tokens' ({r.max_new_tokens}): the tiny model's "
+                     "positions hold prompt + response")
+    if cfg.warm_start.micro_batch is not None and cfg.warm_start.micro_batch < 1:
+        found.append(f"'warm_start.micro_batch' must be >= 1 (rows per pass) or null, got "
+                     f"{cfg.warm_start.micro_batch}")
     if not 0 <= cfg.warm_start.label_noise <= 1:
         found.append(f"'warm_start.label_noise' must be in [0, 1], got {cfg.warm_start.label_noise}")
     if not 0 < a.gpu_memory_utilization <= 1:

@@ -55,11 +55,12 @@ def build_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, hidden: int = 128, layers: int = 4,
-                heads: int = 4, ffn: int = 512, seed: int = 0) -> Qwen2ForCausalLM:
+                heads: int = 4, ffn: int = 512, seed: int = 0,
+                max_positions: int = 256) -> Qwen2ForCausalLM:
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=ffn,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-        max_position_embeddings=256, tie_word_embeddings=True,
+        max_position_embeddings=max_positions, tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None, attn_implementation="sdpa",
     )

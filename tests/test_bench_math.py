@@ -7,8 +7,9 @@ import pytest
 
 from rlvr.bench import efficiency, throughput
 from rlvr.bench.reduce import (accuracy_by_responses, default_target_acc, first_reach,
-                                  gb_per_s, mean_std, overlap_bound, reductions,
-                                  run_efficiency, run_throughput, share_of_step, steady_window,
+                                  gb_per_s, length_quantiles, mean_std, overlap_bound,
+                                  reductions, run_efficiency, run_throughput, share_of_step,
+                                  steady_window,
                                   target, timed_rounds, training_rows)
 
 
@@ -166,6 +167,16 @@ def test_throughput_of_one_run_over_its_steady_window():
     assert t["actor_busy_frac"] == pytest.approx(1.5 / (4.5 * 2))
     assert t["G_s"] == 0.5 and t["T_s"] == pytest.approx(1.0)
     assert t["sync_s_per_step"] == pytest.approx(0.05) and t["eval_avg@8"] == 0.6
+
+
+def test_length_quantiles_pool_every_steps_responses_and_are_lengths_some_response_had():
+    # 200 responses over two steps, 1..100 tokens twice: nearest-rank quantiles of the pool
+    rows = [{"resp/lengths": list(range(100, 0, -1))}, {"resp/lengths": list(range(1, 101))},
+            {"step": 3}]  # a row without lengths (an old run) adds nothing
+    q = length_quantiles(rows, bin_width=10)
+    assert (q["n"], q["p50"], q["p90"], q["p99"], q["max"]) == (200, 50, 90, 99, 100)
+    assert sum(q["counts"]) == 200 and q["counts"][0] == 2 * 9 and q["counts"][10] == 2
+    assert length_quantiles([{"step": 1}]) is None
 
 
 def test_evaluation_inside_a_step_is_not_counted_as_learner_work_or_training_time():

@@ -62,6 +62,9 @@ REFUSED = [
     (["net.zmq_port=70000"], "'net.zmq_port' must be a port"),
     (["model.hidden=130"], "'model.hidden' .* must be a multiple of 'model.heads'"),
     (["model.layers=0"], "'model.layers' must be > 0"),
+    (["rollout.max_new_tokens=256"], "'model.max_positions' \\(256\\) must exceed "
+     "'rollout.max_new_tokens' \\(256\\)"),
+    (["warm_start.micro_batch=0"], "'warm_start.micro_batch' must be >= 1"),
     (["loss.clip_low=1.5"], "'loss.clip_low' must be in"),
     (["loss.dual_clip=1.0"], "'loss.dual_clip' must be > 1"),
     (["loss.behav_weight_cap=0"], "'loss.behav_weight_cap' must be > 0"),

@@ -39,3 +39,24 @@ def test_learner_ranks_with_zero_stage_3_are_refused_at_launch_with_a_clear_mess
         train(str(CONFIGS[0]), ["learner.ranks=2", "optim.zero_stage=3"], None, dry_run=True)
     with pytest.raises(ConfigError, match="learner.ranks must be >= 1"):
         train(str(CONFIGS[0]), ["learner.ranks=0"], None, dry_run=True)
+
+
+def test_the_long_tail_config_spreads_answers_from_ten_to_over_two_hundred_tokens():
+    # what the config exists for: most answers short, a heavy tail of long ones (its warm
+    # start teaches these golden responses; generated lengths are in BENCHMARKS.md)
+    import numpy as np
+
+    from tasks.arithmetic import Arithmetic
+    from tasks.tiny_model import build_tokenizer
+
+    cfg = load_config(next(p for p in CONFIGS if p.name == "tiny-cpu-longtail.yaml"))
+    t = cfg.task
+    stream = Arithmetic(levels=t.levels, ops=t.ops, response_format=t.response_format
+                        ).train_stream(0, t.level_weights)
+    tok = build_tokenizer()
+    lengths = np.array([len(tok(next(stream).solution).input_ids) + 1  # + EOS
+                        for _ in range(2000)])
+    p50, p90, top = np.percentile(lengths, 50), np.percentile(lengths, 90), lengths.max()
+    assert lengths.min() <= 12 and top >= 200 and p50 <= 50 and p90 >= 2.5 * p50, \
+        (lengths.min(), p50, p90, top)
+    assert top < cfg.rollout.max_new_tokens  # the golden answers fit: nothing truncated

@@ -72,6 +72,9 @@ def test_a_stale_dropped_group_counts_in_the_steps_generation_cost():
     # the raw group statistics describe what reached the step, not the dropped group
     assert m["groups/frac_all_fail_raw"] == 0.0 and m["resp/len_mean"] == 3.0
     assert info["stale/dropped_frac"] == 1 / 3 and info["stale/over_bound_groups"] == 0
+    # ...while the run's length distribution holds every response generated, dropped ones too
+    assert sorted(m["resp/lengths"]) == sorted(len(s.token_ids) for g in arrivals
+                                               for s in g.samples)
 
 
 def test_without_drops_the_cost_is_that_of_the_consumed_groups():

@@ -8,8 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 from tasks.arithmetic import Arithmetic
-from rlvr.warm_start import corrupt_answer, warm_level_weights, warm_start_key
+from tasks.tiny_model import build_model, build_tokenizer
+from rlvr.warm_start import (corrupt_answer, supervised_backward, supervised_batch,
+                             warm_level_weights, warm_start_key)
 from protocol.config import load_config
 from tests.conftest import ROOT, TINY
 
@@ -41,8 +45,24 @@ def test_the_cache_key_follows_everything_that_shapes_the_warm_start():
     cfg = load_config(TINY)
     assert warm_start_key(cfg) == warm_start_key(load_config(TINY))
     for override in ["warm_start.label_noise=0.1", "warm_start.level_weights=[0.5,0.5,0.0]",
-                     "model.hidden=64", "warm_start.steps=10"]:
+                     "model.hidden=64", "warm_start.steps=10", "model.max_positions=320",
+                     "warm_start.micro_batch=16"]:
         assert warm_start_key(load_config(TINY, [override])) != warm_start_key(cfg), override
+
+
+def test_micro_batches_sorted_by_length_give_the_one_pass_gradient_and_loss():
+    # the long-tail warm start runs 16 rows a pass; it must train the model one pass would
+    tok = build_tokenizer()
+    task = Arithmetic(levels=(1, 4, 12), ops=("+",), response_format="worked")
+    problems = [task.train_problem(0, i) for i in range(13)]
+    ids, labels = supervised_batch(tok, problems, 0.3, random.Random(0), "{question}", "worked")
+    grads, losses = [], []
+    for micro_batch in (None, 4):
+        model = build_model(tok, hidden=32, layers=2, heads=2, ffn=64, seed=0)
+        losses.append(supervised_backward(model, ids, labels, tok.pad_token_id, micro_batch))
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert torch.allclose(losses[0], losses[1], rtol=1e-5)
+    assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7)
 
 
 def test_a_machine_with_other_cpu_kernels_builds_its_own_warm_start():

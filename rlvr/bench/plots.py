@@ -97,4 +97,15 @@ def plot_throughput(results: dict, out_dir: Path) -> list[Path]:
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize="small")
     paths.append(_save(fig, out_dir / "throughput_busy.png"))
+
+    hists = {m: modes[m]["len_generated"] for m in names if modes[m].get("len_generated")}
+    if hists:
+        fig, ax = _axes("Generated response lengths (steady window)", "tokens",
+                        "share of responses")
+        for m, h in hists.items():
+            edges = [i * h["bin_width"] for i in range(len(h["counts"]) + 1)]
+            ax.stairs([c / h["n"] for c in h["counts"]], edges, label=m)
+        ax.set_yscale("log")
+        ax.legend(fontsize="small")
+        paths.append(_save(fig, out_dir / "throughput_lengths.png"))
     return paths

@@ -240,11 +240,35 @@ def run_throughput(rows: list[dict], actors: int, skip_first: int = 1) -> dict:
         "engine_fill": mean(values(window, "gen/engine_fill")),
         "dropped_frac": ratio(total(values(window, "gen/responses_dropped_stale")),
                               total(values(window, "gen/responses_per_step"))),
+        # the long tail, and what consumption took from it: trained against generated length
+        # p90 and share of groups past their first sampling stage, per step, averaged
+        "len_generated": length_quantiles(window),
+        "len_generated_p90": mean(values(window, "resp/len_generated_p90")),
+        "len_trained_p90": mean(values(window, "resp/len_trained_p90")),
+        "later_stage_frac": mean(values(window, "groups/later_stage_frac")),
+        "later_stage_frac_trained": mean(values(window, "groups/later_stage_frac_trained")),
         "G_s": mean(values(window, "perf/learner_idle_s")),
         "T_s": mean(step_busy_s(r) for r in window),
         "eval_avg@8": last_value(training_rows(rows), EVAL_AVG),
         "eval_pass@8": last_value(training_rows(rows), EVAL_PASS),
     }
+
+
+def length_quantiles(rows: list[dict], bin_width: int = 8) -> dict | None:
+    """p50, p90, p99 and max of every response length the rows generated (`resp/lengths`),
+    and their histogram in bins of `bin_width` tokens; None when no row carries lengths."""
+    lengths = sorted(n for r in rows for n in r.get("resp/lengths") or [])
+    if not lengths:
+        return None
+
+    def q(p: float) -> int:  # nearest rank: a length some response had
+        return lengths[min(len(lengths) - 1, max(0, math.ceil(p / 100 * len(lengths)) - 1))]
+
+    counts = [0] * (lengths[-1] // bin_width + 1)
+    for n in lengths:
+        counts[n // bin_width] += 1
+    return {"n": len(lengths), "p50": q(50), "p90": q(90), "p99": q(99), "max": lengths[-1],
+            "bin_width": bin_width, "counts": counts}
 
 
 def overlap_bound(sync: dict) -> dict:

@@ -119,20 +119,31 @@ def report(results: dict) -> str:
              m["actor_busy_frac"], m["sync_s_per_step"], _ms(m.get("learner_wait_s_per_sync")),
              m.get("gen_tokens_per_trained_prompt"), m.get("aborted_tokens_per_step"),
              m.get("engine_fill"), m.get("dropped_frac"), m["stale_max"],
-             m.get("version_spread_max"), m["eval_avg@8"]]
+             m.get("version_spread_max"), m["eval_avg@8"], m.get("eval_pass@8")]
             for mode, m in results["modes"].items()]
     table = markdown_table(["mode", "steps/min", "x sync", "of bound", "gen tok/s",
                             "train tok/s", "learner busy", "actor busy", "sync s/step",
                             "learner wait ms/sync", "tok/trained prompt", "aborted tok/step",
                             "engine fill", "dropped", "stale max", "versions in a response",
-                            "eval/avg@8"], rows)
+                            "eval/avg@8", "eval/pass@8"], rows)
+    tail = markdown_table(
+        ["mode", "responses", "len p50", "len p90", "len p99", "len max",
+         "p90/step generated", "p90/step trained", "later stage generated", "later stage trained"],
+        [[mode, *_quantiles(m.get("len_generated")), m.get("len_generated_p90"),
+          m.get("len_trained_p90"), m.get("later_stage_frac"), m.get("later_stage_frac_trained")]
+         for mode, m in results["modes"].items()])
     o = results["overlap"]
     bound = (f"sync run: G (generation, learner waits) = {_s(o['G_s'])} s/step, "
              f"T (learner work) = {_s(o['T_s'])} s/step; overlap bound (G+T)/max(G,T) = "
              f"{_s(o['bound'])}x; {results['async_mode']} reached "
              f"{_s(results['speedup_async_vs_sync'])}x = {_s(results['async_fraction_of_bound'])} "
              f"of the bound\n")
-    return f"{table}\n{bound}\n{targets_table(results['targets'])}"
+    return (f"{table}\n{bound}\nGenerated response lengths in the window (tokens), and what "
+            f"training kept:\n{tail}\n{targets_table(results['targets'])}")
+
+
+def _quantiles(q: dict | None) -> list:
+    return [None] * 5 if q is None else [q["n"], q["p50"], q["p90"], q["p99"], q["max"]]
 
 
 def _ms(value) -> float | None:
