@@ -85,7 +85,8 @@ class WarmStartConfig:
     micro_batch: int | None = None
     """Rows per forward pass of the warm start, the batch sorted by length first; the step's
     gradient is the whole batch's either way. For long-tail answers: one 230-token row no longer
-    pads the whole batch to its width (3x faster on the long-tail task). null = one pass."""
+    pads the whole batch to its width (the long-tail task's 64-row step: 0.65-0.8 s against 2.0 s
+    in one pass). null = one pass."""
     cache_dir: str = ".cache/rlvr"
     """Where warm-started models are cached, keyed by a hash of everything that shapes them."""
     level_weights: tuple[float, ...] | None = None

@@ -210,6 +210,15 @@ def test_throughput_summary_speedup_fraction_of_bound_and_targets():
     assert "async_s2" in throughput.report(s)
 
 
+def test_in_flight_policy_modes_are_judged_on_finish_the_default_async_policy():
+    rows = {"sync": throughput_run(1.0, 0.5), "async_s2_finish": throughput_run(0.55, 0.05),
+            "async_s2_continue": throughput_run(2.0, 0.05)}
+    s = throughput.summarize(rows, actors=1)
+    assert s["async_mode"] == "async_s2_finish"
+    assert s["speedup_async_vs_sync"] == pytest.approx(1.0 / 0.55)
+    assert s["targets"]["async_speedup_vs_sync"]["met"] is True
+
+
 def test_throughput_summary_without_a_sync_run_has_no_bound():
     s = throughput.summarize({"async_s2": throughput_run(0.55, 0.05)}, actors=1)
     assert s["overlap_bound"] is None and s["speedup_async_vs_sync"] is None
