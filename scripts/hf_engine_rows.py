@@ -1,0 +1,63 @@
+"""Tokens per second of the HF engine against the rows it holds, in the two ways a stream of
+requests can use it (BENCHMARKS.md, "Long tail"):
+
+  steady - `rows` requests running, a new one joining as soon as one finishes (what the
+           `continue`, `recompute` and `abort` policies keep up between syncs)
+  batch  - `rows` requests started together and run to the end (what `finish` does between
+           two syncs: the engine drains, then refills)
+
+    python scripts/hf_engine_rows.py configs/tiny-cpu-longtail.yaml 32 128 256
+
+One torch thread, as an actor has by default; the prompts are the config's training prompts and
+the model its cached warm start (built first if missing).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from transformers import AutoTokenizer
+
+from actors.engines.hf import HFEngine
+from learner.data import PromptStream
+from protocol.config import load_config
+from rlvr.warm_start import ensure_warm_start
+
+
+def measure(engine: HFEngine, prompts: list[list[int]], rows: int, steady: bool,
+            max_new_tokens: int, steps: int = 150) -> tuple[float, float]:
+    """(tokens/s, mean rows per decode step)."""
+    engine.max_batch = rows
+    for i in range(rows):
+        engine.add(i, prompts[i % len(prompts)], max_new_tokens)
+    next_id, tokens, done_steps, t0 = rows, 0, 0, time.perf_counter()
+    while engine.unfinished() and (not steady or done_steps < steps):
+        finished = engine.step()
+        done_steps += 1
+        tokens += engine.last_step_rows
+        for _ in finished if steady else ():
+            engine.add(next_id, prompts[next_id % len(prompts)], max_new_tokens)
+            next_id += 1
+    seconds = time.perf_counter() - t0
+    engine.abort(engine.running() + list(engine._waiting))
+    return tokens / seconds, tokens / max(done_steps, 1)
+
+
+def main(config: str, rows: list[int]) -> None:
+    torch.set_num_threads(1)
+    cfg = load_config(config)
+    path = ensure_warm_start(cfg)
+    engine = HFEngine.load(str(path))
+    stream = PromptStream(cfg, AutoTokenizer.from_pretrained(path))
+    prompts = [next(stream).prompt_token_ids for _ in range(max(rows))]
+    for n in rows:
+        for steady in (True, False):
+            rate, mean_rows = measure(engine, prompts, n, steady, cfg.rollout.max_new_tokens)
+            print(f"{'steady' if steady else 'batch':>6} {n:4d} rows: {rate:6.0f} tokens/s, "
+                  f"{mean_rows:5.1f} rows per decode step", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], [int(x) for x in sys.argv[2:]] or [32, 128, 256])
