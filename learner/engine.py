@@ -40,7 +40,8 @@ def leave_distributed() -> None:
 
 
 def build_engine(cfg: Config, model_path: str):
-    """A DeepSpeed engine around the HF model at `model_path`, with AdamW and linear warm-up."""
+    """A DeepSpeed engine around the HF model at `model_path`, with AdamW. No scheduler: the
+    learning rate is set from the learner step before each update (`set_learning_rate`)."""
     import deepspeed
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -48,8 +49,6 @@ def build_engine(cfg: Config, model_path: str):
         model.gradient_checkpointing_enable()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr,
                                   weight_decay=cfg.optim.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, warmup_factor(cfg.optim.warmup_steps, cfg.optim.mini_batches * cfg.optim.epochs))
     ds_config = {
         "train_micro_batch_size_per_gpu": 1,  # rows are batched by the trainer, not DeepSpeed
         "gradient_accumulation_steps": 1,  # the trainer marks accumulation boundaries itself
@@ -58,16 +57,24 @@ def build_engine(cfg: Config, model_path: str):
         "bf16": {"enabled": cfg.optim.bf16},
         "steps_per_print": 10**9,
     }
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                      config=ds_config)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
     return engine
 
 
-def warmup_factor(warmup_steps: int, optimizer_steps_per_step: int):
-    """LR factor of optimizer step s: linear warm-up over `warmup_steps` learner steps, constant
-    within a learner step (verl steps its scheduler once per rollout step, too)."""
-    warmup, k = max(1, warmup_steps), optimizer_steps_per_step
-    return lambda s: min(1.0, (s // k + 1) / warmup)
+def learning_rate(lr: float, warmup_steps: int, step: int) -> float:
+    """The learning rate of learner step `step` (0-based): linear warm-up to `lr` over
+    `warmup_steps` learner steps, constant within a learner step (verl sets it once per rollout
+    step, too). A function of the step alone, so a step or mini-batch that takes no optimizer step
+    (no row carries gradient) does not stretch the warm-up, and a resumed run needs no saved
+    scheduler state."""
+    return lr * min(1.0, (step + 1) / max(1, warmup_steps))
+
+
+def set_learning_rate(engine, lr: float) -> None:
+    """Set `lr` on every parameter group the engine's optimizer steps (under ZeRO its wrapper
+    shares the client optimizer's groups)."""
+    for group in engine.optimizer.param_groups:
+        group["lr"] = lr
 
 
 def build_reference(cfg: Config):

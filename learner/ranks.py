@@ -87,10 +87,10 @@ class PlanChannel:
 
 
 def train_step(engine, cfg: Config, pad_id: int, rows: list[LossRow],
-               contrasts: list[ContrastGroup], reference=None) -> dict:
-    """One learner step (optim.mini_batches x optim.epochs optimizer steps) on the whole batch;
+               contrasts: list[ContrastGroup], reference=None, step: int = 0) -> dict:
+    """Learner step `step` (optim.mini_batches x optim.epochs optimizer steps) on the whole batch;
     each rank works on its share (learner/update.py). reference: the KL reference model."""
-    return policy_update(engine, rows, UpdateSpec.of(cfg), pad_id, contrasts, reference)
+    return policy_update(engine, rows, UpdateSpec.of(cfg), pad_id, contrasts, reference, step)
 
 
 class Follower:
@@ -117,7 +117,7 @@ class Follower:
                     load_checkpoint(plan["path"], self.engine)
                 case "train":
                     train_step(self.engine, self.cfg, self.pad_id, plan["rows"], plan["contrasts"],
-                               self.reference)
+                               self.reference, plan["step"])
                 case "checkpoint":  # collective under ZeRO; rank 0 writes the run state
                     save_checkpoint(self.run_dir, plan["step"], self.engine, None, {},
                                     keep_last=self.cfg.run.keep_checkpoints)

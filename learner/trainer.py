@@ -314,9 +314,10 @@ class Learner:
             if c.mode == "staged":
                 metrics["stage/update"] = self.step - self.stage_start
                 metrics["stage/policy_version"] = self.stage_version
-            self.followers.tell("train", rows=batch.rows, contrasts=batch.contrasts)
+            self.followers.tell("train", rows=batch.rows, contrasts=batch.contrasts,
+                                step=self.step)
             metrics.update(train_step(self.engine, c, self.tokenizer.pad_token_id, batch.rows,
-                                      batch.contrasts, self.reference))
+                                      batch.contrasts, self.reference, self.step))
             self.step += 1
             self.version += 1
             if self._publishes():

@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from learner.batch import (Row, micro_batches, mini_batches, of_responses, on_responses, pack,
                            tokens)
+from learner.engine import learning_rate, set_learning_rate
 from learner.logprobs import model_device, token_logp
 from learner.losses import gcpo_loss
 from learner.micro_loss import (ContrastGroup, Denominators, LossRow, contrast_batches,  # noqa: F401
@@ -60,6 +61,8 @@ class UpdateSpec:
     max_tokens: int | None = None  # most padded tokens per micro-batch
     mini_batches: int = 1  # optimizer steps per pass over the batch
     epochs: int = 1  # passes over the batch
+    lr: float = 2e-4  # optim.lr, reached after the warm-up
+    warmup_steps: int = 0  # optim.warmup_steps, in learner steps
     veto: MuGRPOConfig | None = None  # Mu-GRPO's negative-advantage veto, when on
     gcpo: GCPOConfig | None = None  # GCPO's contrastive term, when on
 
@@ -68,7 +71,7 @@ class UpdateSpec:
         return cls(cfg.loss, cfg.rollout.max_new_tokens,
                    cfg.rollout.temperature,  # > 0: Config refuses greedy training
                    cfg.learner.micro_batch, cfg.learner.max_tokens_per_micro_batch,
-                   cfg.optim.mini_batches, cfg.optim.epochs,
+                   cfg.optim.mini_batches, cfg.optim.epochs, cfg.optim.lr, cfg.optim.warmup_steps,
                    veto=cfg.mugrpo if cfg.mugrpo.veto_scope != "off" else None,
                    gcpo=cfg.gcpo if cfg.gcpo.coef > 0 else None)
 
@@ -141,14 +144,16 @@ def logp_pass(model, rows: list[Row], indices: list[int], spec: UpdateSpec,
 
 
 def policy_update(engine, rows: list[Row], spec: UpdateSpec, pad_id: int,
-                  contrasts: list[ContrastGroup] = (), reference=None) -> dict:
-    """The learner step's optimizer steps on `rows` (and GCPO's `contrasts`); returns metrics.
+                  contrasts: list[ContrastGroup] = (), reference=None, step: int = 0) -> dict:
+    """Learner step `step`'s optimizer steps on `rows` (and GCPO's `contrasts`); returns metrics.
     reference: the frozen reference model for the KL term (loss.kl_beta > 0), else None."""
     if spec.loss.kl_beta > 0 and reference is None:
         raise ValueError("loss.kl_beta > 0 needs the reference model (learner.engine."
                          "build_reference)")
     contrasts = list(contrasts) if spec.gcpo is not None else []
     rank, world = rank_and_world()
+    lr = learning_rate(spec.lr, spec.warmup_steps, step)
+    set_learning_rate(engine, lr)
     t0 = time.time()
     engine.train()
     steps = plan(rows, contrasts, spec, rank, world)
@@ -175,8 +180,9 @@ def policy_update(engine, rows: list[Row], spec: UpdateSpec, pad_id: int,
                                              spec, pad_id, world, sums))
     compute_s = time.time() - t0
     sums = Counter(dict(zip(_SUM_KEYS, _sum_over_ranks([sums[k] for k in _SUM_KEYS]))))
-    return _metrics(sums, norms, len([i for s in steps for b in s.pg for i in b]), rows,
-                    contrasts, steps, engine, spec, pad_id, compute_s, timing)
+    return {**_metrics(sums, norms, len([i for s in steps for b in s.pg for i in b]), rows,
+                       contrasts, steps, engine, spec, pad_id, compute_s, timing),
+            "optim/lr": lr}
 
 
 def _contrast_start(engine, contrasts, mine_gc, spec, pad_id, sums) -> dict[int, list]:
@@ -210,6 +216,9 @@ def _optimizer_step(engine, s: MiniBatch, rows, contrasts, prox, ref, prox_gc,
     jobs = [("pg", b) for b in s.pg] + [("gcpo", b) for b in s.gc]
     jobs += [("idle", None)] * (s.passes - len(jobs))
     grad_norm = None
+    # ZeRO partitions (or bf16 moves) the gradients away from p.grad: the optimizer computes the
+    # global norm in its step; an fp32 stage-0 engine leaves whole reduced gradients in p.grad
+    own_norm = engine.zero_optimization_stage() == 0 and not engine.bfloat16_enabled()
     for k, (kind, batch) in enumerate(jobs):
         match kind:
             case "pg":
@@ -230,9 +239,12 @@ def _optimizer_step(engine, s: MiniBatch, rows, contrasts, prox, ref, prox_gc,
         last = k == len(jobs) - 1
         engine.set_gradient_accumulation_boundary(last)
         engine.backward(loss * world)  # DeepSpeed averages over ranks; the loss is their sum
-        if last:
+        if last and own_norm:
             grad_norm = grad_norm_of(engine.module)
         engine.step()
+        if last and not own_norm:
+            norm = engine.get_global_grad_norm()
+            grad_norm = None if norm is None else float(norm)
     return grad_norm
 
 
@@ -243,6 +255,7 @@ def _take(values: dict | None, indices: list[int]) -> list | None:
 def _metrics(sums, norms, rows_forward, rows, contrasts, steps, engine, spec, pad_id,
              compute_s, timing) -> dict:
     n_steps = len(norms)  # every rank takes the same optimizer steps
+    known = [n for n in norms if n is not None]  # None: the engine computed no norm
 
     def per_token(total: float) -> float | None:  # null, not 0, when no token was in the loss
         return total / sums["tokens"] if sums["tokens"] else None
@@ -257,7 +270,7 @@ def _metrics(sums, norms, rows_forward, rows, contrasts, steps, engine, spec, pa
         "policy/entropy": per_token(sums["entropy"]),
         "train/rows_forward": int(_sum_over_ranks([rows_forward])[0]),
         "train/optimizer_steps": n_steps,
-        "grad_norm": sum(norms) / len(norms) if norms else None,
+        "grad_norm": sum(known) / len(known) if known else None,
         "perf/train_tokens_per_s": sums["train_tokens"] / max(compute_s, 1e-9),
         "timing/update": compute_s,
         **timing,
@@ -293,7 +306,8 @@ _SUM_KEYS = ("loss", "clip_low", "clip_high", "w", "w_trunc", "entropy", "tokens
 
 
 def grad_norm_of(module) -> float:
-    """Total gradient norm before clipping (DeepSpeed clips inside `step`)."""
+    """Total gradient norm before clipping (DeepSpeed clips inside `step`), from whole gradients
+    in p.grad (a stage-0 fp32 engine after the reduce)."""
     grads = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
     return float(torch.stack(grads).norm()) if grads else 0.0
 

@@ -12,7 +12,7 @@ class SGDEngine:
 
     def __init__(self, model, lr: float):
         self.module = model
-        self.opt = torch.optim.SGD(model.parameters(), lr=lr)
+        self.opt = self.optimizer = torch.optim.SGD(model.parameters(), lr=lr)
         self.boundary = True
         self.steps = 0  # optimizer steps taken
 
@@ -21,6 +21,12 @@ class SGDEngine:
 
     def train(self):
         self.module.train()
+
+    def zero_optimization_stage(self):
+        return 0  # whole gradients in p.grad: the update takes their norm itself
+
+    def bfloat16_enabled(self):
+        return False
 
     def set_gradient_accumulation_boundary(self, boundary):
         self.boundary = boundary

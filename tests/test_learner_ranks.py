@@ -32,10 +32,11 @@ ROW_SETS = [5, 1]  # active rows per step; 5: uneven shares, 1: rank 1 has no ro
 MINI_BATCHES = [1, 2]  # optimizer steps per learner step: each row set is trained both ways
 
 
-def one_step(rank: int, world: int, port: int, model: str, out: str) -> None:
-    """Child: build the engine of rank `rank` of `world`, take a step on each row set (lr 0, so
-    the weights stay put and every step sees the same model) and save the reduced gradients
-    (just before the optimizer uses them) and the metrics."""
+def one_step(rank: int, world: int, port: int, model: str, out: str, zero_stage: int) -> None:
+    """Child: build the engine of rank `rank` of `world` (ZeRO stage `zero_stage`), take a step
+    on each row set (lr 0, so the weights stay put and every step sees the same model) and save
+    the reduced gradients (just before the optimizer uses them; none under ZeRO-2, which keeps
+    them partitioned outside p.grad) and the metrics."""
     import os
     from dataclasses import replace
 
@@ -49,7 +50,8 @@ def one_step(rank: int, world: int, port: int, model: str, out: str) -> None:
 
     # lr 0 is refused in a user's config (it trains nothing); here it keeps the weights put
     cfgs = [load_config(TINY, [f"model.path={model}", "learner.micro_batch=2",
-                               "optim.warmup_steps=1", f"optim.mini_batches={mb}"])
+                               "optim.warmup_steps=1", f"optim.mini_batches={mb}",
+                               f"optim.zero_stage={zero_stage}"])
             for mb in MINI_BATCHES]
     cfgs = [replace(c, optim=replace(c.optim, lr=0.0)) for c in cfgs]
     cfg = cfgs[0]
@@ -59,7 +61,7 @@ def one_step(rank: int, world: int, port: int, model: str, out: str) -> None:
     step = engine.step
 
     def capture_then_step():
-        if engine.is_gradient_accumulation_boundary():
+        if engine.is_gradient_accumulation_boundary() and zero_stage == 0:
             grads.append({n: p.grad.detach().clone()
                           for n, p in engine.module.named_parameters() if p.grad is not None})
         step()
@@ -72,10 +74,10 @@ def one_step(rank: int, world: int, port: int, model: str, out: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-def run_ranks(world: int, model: Path, out: Path) -> dict:
+def run_ranks(world: int, model: Path, out: Path, zero_stage: int = 0, target=one_step) -> dict:
     ctx = mp.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=one_step, args=(r, world, port, str(model), str(out)))
+    procs = [ctx.Process(target=target, args=(r, world, port, str(model), str(out), zero_stage))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -106,6 +108,47 @@ def test_two_ranks_reduce_the_same_gradient_and_metrics_as_one(tiny_model, tmp_p
         assert m2["train/rows_forward"] == m1["train/rows_forward"] == n_active
         assert m2["train/optimizer_steps"] == m1["train/optimizer_steps"]
     assert [m["train/optimizer_steps"] for m in one["metrics"]] == [1, 1, 2, 1]
+    # ZeRO-2 keeps each rank's gradient partition outside p.grad: the norm is the optimizer's
+    # global one, the same as one rank's whole gradient (a norm of p.grad was 0 here)
+    zero2 = run_ranks(2, tiny_model, tmp_path / "zero2.pt", zero_stage=2)
+    for m1, m2 in zip(one["metrics"], zero2["metrics"]):
+        assert m1["grad_norm"] > 0
+        assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-4), "grad_norm"
+        assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-4, abs=1e-7)
+
+
+def lr_steps(rank: int, world: int, port: int, model: str, out: str, zero_stage: int) -> None:
+    """Child: learner steps 0..4 with warm-up over 4 steps, where step 1 and the second
+    mini-batch of every step carry no gradient (all-zero advantages: no optimizer step); saves
+    each step's logged optim/lr and the rate the optimizer held after it."""
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0",
+                      WORLD_SIZE="1")
+    torch.set_num_threads(1)
+    from learner.engine import build_engine, init_learner_distributed
+    from learner.ranks import train_step
+    from protocol.config import load_config
+
+    cfg = load_config(TINY, [f"model.path={model}", "optim.lr=0.001", "optim.warmup_steps=4",
+                             "optim.mini_batches=2", f"optim.zero_stage={zero_stage}"])
+    init_learner_distributed(cfg, 0, 1)
+    engine = build_engine(cfg, model)
+    logged, held = [], []
+    for step in range(5):
+        rows = make_rows(0 if step == 1 else 1, n_zero=3, seed=step)
+        logged.append(train_step(engine, cfg, 0, rows, [], step=step)["optim/lr"])
+        held.append(engine.get_lr()[0])
+    torch.save({"logged": logged, "held": held}, out)
+    torch.distributed.destroy_process_group()
+
+
+def test_the_learning_rate_follows_the_learner_step_through_steps_that_train_nothing(
+        tiny_model, tmp_path):
+    got = run_ranks(1, tiny_model, tmp_path / "lr.pt", target=lr_steps)
+    schedule = [0.001 * min(1.0, (s + 1) / 4) for s in range(5)]  # optim.warmup_steps 4
+    assert got["logged"] == pytest.approx(schedule)
+    assert got["held"] == pytest.approx(schedule)  # what the optimizer stepped with
 
 
 def test_a_plan_survives_the_wire_exactly_and_without_pickle():

@@ -96,7 +96,7 @@ def plain_reference(model, rows, loss_cfg, mini_batches, epochs, lr=LR):
 
 def update(model, rows, loss_cfg=LossConfig(), contrasts=(), reference=None, **kw):
     engine = SGDEngine(copy.deepcopy(model), LR)
-    spec = UpdateSpec(loss_cfg, max_new_tokens=8, **{"micro_batch": 3, **kw})
+    spec = UpdateSpec(loss_cfg, max_new_tokens=8, **{"micro_batch": 3, "lr": LR, **kw})
     return policy_update(engine, rows, spec, 0, contrasts, reference), engine
 
 
@@ -149,7 +149,7 @@ def test_kl_to_the_frozen_reference_is_zero_at_the_start_and_grows(model):
     rows = make_rows(model)
     reference = copy.deepcopy(model).requires_grad_(False)
     engine = SGDEngine(copy.deepcopy(model), 0.3)
-    spec = UpdateSpec(LossConfig(kl_beta=0.1), max_new_tokens=8, micro_batch=3)
+    spec = UpdateSpec(LossConfig(kl_beta=0.1), max_new_tokens=8, micro_batch=3, lr=0.3)
     kl = [policy_update(engine, rows, spec, 0, (), reference)["kl/mean"] for _ in range(3)]
     assert kl[0] == pytest.approx(0.0, abs=1e-6)  # the policy is still the reference
     assert 0 < kl[1] < kl[2]

@@ -38,7 +38,7 @@ def row(model, adv, shift=0.0, **kw) -> LossRow:
 
 
 def run(model, rows, loss_cfg, micro_batch=64, contrasts=(), **kw) -> dict:
-    spec = UpdateSpec(loss_cfg, max_new_tokens=8, micro_batch=micro_batch, **kw)
+    spec = UpdateSpec(loss_cfg, max_new_tokens=8, micro_batch=micro_batch, lr=0.5, **kw)
     return policy_update(SGDEngine(copy.deepcopy(model), 0.5), rows, spec, 0, contrasts)
 
 
