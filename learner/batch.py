@@ -11,6 +11,7 @@ micro-batches bounded by a count of sequences and a budget of padded tokens (`mi
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TypeVar
@@ -84,14 +85,19 @@ def of_responses(rows: Sequence[Row], values: torch.Tensor) -> list[torch.Tensor
     return [values[b, len(r.prompt) - 1:tokens(r) - 1] for b, r in enumerate(rows)]
 
 
-def mini_batches(group_ids: Sequence[str], count: int) -> list[list[int]]:
-    """Row indices of `count` optimizer mini-batches of whole groups, in order, with as equal a
-    number of groups as can be (DAPO: 32 prompts each). A row without a group id is a group of
-    its own. A mini-batch is empty when there are fewer groups than mini-batches."""
+def mini_batches(group_ids: Sequence[str], count: int,
+                 order_seed: str | None = None) -> list[list[int]]:
+    """Row indices of `count` optimizer mini-batches of whole groups, with as equal a number of
+    groups as can be (DAPO: 32 prompts each). Groups go in the order of their first row, or
+    shuffled by `order_seed` (a string: the same order in every process). A row without a group
+    id is a group of its own. A mini-batch is empty when there are fewer groups than
+    mini-batches."""
     groups: dict[str, list[int]] = {}
     for i, g in enumerate(group_ids):
         groups.setdefault(g or f"\0{i}", []).append(i)
     units = list(groups.values())
+    if order_seed is not None:
+        random.Random(order_seed).shuffle(units)
     base, extra = divmod(len(units), count)
     out, at = [], 0
     for k in range(count):

@@ -63,6 +63,7 @@ class UpdateSpec:
     epochs: int = 1  # passes over the batch
     lr: float = 2e-4  # optim.lr, reached after the warm-up
     warmup_steps: int = 0  # optim.warmup_steps, in learner steps
+    order_seed: int | None = None  # shuffle groups into mini-batches per pass; None = arrival
     veto: MuGRPOConfig | None = None  # Mu-GRPO's negative-advantage veto, when on
     gcpo: GCPOConfig | None = None  # GCPO's contrastive term, when on
 
@@ -72,12 +73,18 @@ class UpdateSpec:
                    cfg.rollout.temperature,  # > 0: Config refuses greedy training
                    cfg.learner.micro_batch, cfg.learner.max_tokens_per_micro_batch,
                    cfg.optim.mini_batches, cfg.optim.epochs, cfg.optim.lr, cfg.optim.warmup_steps,
+                   cfg.run.seed if cfg.optim.group_order == "shuffled" else None,
                    veto=cfg.mugrpo if cfg.mugrpo.veto_scope != "off" else None,
                    gcpo=cfg.gcpo if cfg.gcpo.coef > 0 else None)
 
     @property
     def optimizer_steps(self) -> int:
         return self.mini_batches * self.epochs
+
+    def group_order(self, step: int, epoch: int) -> str | None:
+        """The seed that deals learner step `step`'s groups into the mini-batches of pass
+        `epoch` (the same string on every rank and after a resume), None = arrival order."""
+        return None if self.order_seed is None else f"{self.order_seed}/{step}/{epoch}"
 
 
 @dataclass(frozen=True)
@@ -93,12 +100,13 @@ class MiniBatch:
 
 
 def plan(rows: list[Row], contrasts: list[ContrastGroup], spec: UpdateSpec, rank: int,
-         world: int) -> list[MiniBatch]:
-    """The mini-batches of a learner step and this rank's micro-batches in each. Every rank
-    plans every rank's share (all hold the whole batch), so none needs to ask the others."""
+         world: int, order_seed: str | None = None) -> list[MiniBatch]:
+    """The mini-batches of one pass over a learner step's batch and this rank's micro-batches in
+    each. Every rank plans every rank's share (all hold the whole batch), so none needs to ask
+    the others."""
     needs_all = spec.loss.kl_beta > 0 or spec.loss.entropy_coef > 0
-    row_sets = mini_batches([r.group_id for r in rows], spec.mini_batches)
-    gc_sets = mini_batches([""] * len(contrasts), spec.mini_batches)
+    row_sets = mini_batches([r.group_id for r in rows], spec.mini_batches, order_seed)
+    gc_sets = mini_batches([""] * len(contrasts), spec.mini_batches, order_seed)
     out = []
     for row_set, gc_set in zip(row_sets, gc_sets):
         active = sorted((i for i in row_set if needs_all or rows[i].adv != 0.0),
@@ -156,9 +164,10 @@ def policy_update(engine, rows: list[Row], spec: UpdateSpec, pad_id: int,
     set_learning_rate(engine, lr)
     t0 = time.time()
     engine.train()
-    steps = plan(rows, contrasts, spec, rank, world)
-    mine = sorted(i for s in steps for b in s.pg for i in b)
-    mine_gc = sorted(j for s in steps for b in s.gc for j in b)
+    passes = [plan(rows, contrasts, spec, rank, world, spec.group_order(step, e))
+              for e in range(spec.epochs)]
+    mine = sorted({i for steps in passes for s in steps for b in s.pg for i in b})
+    mine_gc = sorted({j for steps in passes for s in steps for b in s.gc for j in b})
     sums: Counter = Counter()
     timing = {}
     prox = ref = prox_gc = None
@@ -172,17 +181,27 @@ def policy_update(engine, rows: list[Row], spec: UpdateSpec, pad_id: int,
         t = time.time()
         ref = logp_pass(reference, rows, mine, spec, pad_id)
         timing["timing/ref"] = time.time() - t
-    norms = []
-    for _ in range(spec.epochs):
+    norms, per_step = [], []  # per optimizer step: (clipped, loss tokens) on this rank
+    for steps in passes:
         for s in steps:
+            before = (sums["clip_low"] + sums["clip_high"], sums["tokens"])
             if s.passes:  # a mini-batch with no row carrying gradient on any rank: no step
                 norms.append(_optimizer_step(engine, s, rows, contrasts, prox, ref, prox_gc,
                                              spec, pad_id, world, sums))
+            per_step += [sums["clip_low"] + sums["clip_high"] - before[0],
+                         sums["tokens"] - before[1]]
     compute_s = time.time() - t0
-    sums = Counter(dict(zip(_SUM_KEYS, _sum_over_ranks([sums[k] for k in _SUM_KEYS]))))
-    return {**_metrics(sums, norms, len([i for s in steps for b in s.pg for i in b]), rows,
-                       contrasts, steps, engine, spec, pad_id, compute_s, timing),
-            "optim/lr": lr}
+    reduced = _sum_over_ranks([sums[k] for k in _SUM_KEYS] + per_step)
+    sums = Counter(dict(zip(_SUM_KEYS, reduced)))
+    metrics = _metrics(sums, norms, len([i for s in passes[0] for b in s.pg for i in b]), rows,
+                       contrasts, engine, spec, pad_id, compute_s, timing)
+    metrics["optim/lr"] = lr
+    if spec.mini_batches > 1:  # by optimizer step, pass after pass: where the clip acts
+        clipped, toks = reduced[len(_SUM_KEYS)::2], reduced[len(_SUM_KEYS) + 1::2]
+        metrics["mb/clip_frac"] = [c / t if t else None for c, t in zip(clipped, toks)]
+        metrics["mb/len_mean"] = [s.num_tokens / s.num_seqs if s.num_seqs else None
+                                  for steps in passes for s in steps]
+    return metrics
 
 
 def _contrast_start(engine, contrasts, mine_gc, spec, pad_id, sums) -> dict[int, list]:
@@ -252,8 +271,8 @@ def _take(values: dict | None, indices: list[int]) -> list | None:
     return None if values is None else [values[i] for i in indices]
 
 
-def _metrics(sums, norms, rows_forward, rows, contrasts, steps, engine, spec, pad_id,
-             compute_s, timing) -> dict:
+def _metrics(sums, norms, rows_forward, rows, contrasts, engine, spec, pad_id, compute_s,
+             timing) -> dict:
     n_steps = len(norms)  # every rank takes the same optimizer steps
     known = [n for n in norms if n is not None]  # None: the engine computed no norm
 

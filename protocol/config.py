@@ -222,7 +222,14 @@ class OptimConfig:
     AReaL: staleness and admission (max_staleness) are in learner steps."""
     epochs: int = 1
     """Passes over the learner step's batch (PPO epochs); each pass takes `mini_batches`
-    optimizer steps in the same order. AERO: GRPO epochs 1."""
+    optimizer steps. AERO: GRPO epochs 1."""
+    group_order: Literal["shuffled", "arrival"] = "shuffled"
+    """How whole groups are dealt into the mini-batches of each pass: shuffled = a fresh order
+    per pass, seeded by (run.seed, learner step, pass), so it is the same on every rank and after
+    a resume; arrival = the order the groups came back in, which is generation time: the last
+    mini-batches would hold the longest and latest-stage groups, trained furthest from the
+    proximal policy (`mb/clip_frac` and `mb/len_mean` per mini-batch show it). Acts only with
+    mini_batches > 1."""
 
 
 @dataclass(frozen=True)

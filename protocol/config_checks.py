@@ -270,6 +270,8 @@ def config_warnings(cfg: Config) -> list[str]:
 
 def _update_problems(cfg: Config) -> list[str]:
     """The learner update's keys: optimizer steps, micro-batches and the KL term."""
+    from protocol.config import OptimConfig
+
     o, ln, found = cfg.optim, cfg.learner, []
     if o.mini_batches < 1:
         found.append(f"'optim.mini_batches' must be >= 1 (optimizer steps per learner step), "
@@ -277,6 +279,9 @@ def _update_problems(cfg: Config) -> list[str]:
     if o.epochs < 1:
         found.append(f"'optim.epochs' must be >= 1 (passes over a learner step's batch), got "
                      f"{o.epochs}")
+    if o.group_order != OptimConfig.group_order and o.mini_batches == 1:
+        found.append(f"'optim.group_order' ({o.group_order}) acts only with optim.mini_batches "
+                     "> 1: one mini-batch holds every group, in any order")
     if o.mini_batches > cfg.rollout.prompts_per_step:
         found.append(f"'optim.mini_batches' ({o.mini_batches}) must be <= "
                      f"'rollout.prompts_per_step' ({cfg.rollout.prompts_per_step}): a mini-batch "

@@ -32,6 +32,8 @@ REFUSED = [
     (["mode=sync", "weight_sync.sync_every=2"], "'weight_sync.sync_every' must be 1 in mode sync"),
     (["algorithm=mugrpo", "weight_sync.sync_every=2"],
      "'weight_sync.sync_every' does nothing in mode staged"),
+    (["optim.mini_batches=1", "optim.group_order=arrival"],
+     r"'optim.group_order' \(arrival\) acts only with optim.mini_batches > 1"),
     (["rollout.top_p=0.9"], "'rollout.top_p' must be 1.0 for training"),
     (["rollout.temperature=0"], "'rollout.temperature' must be > 0"),
     (["rollout.prompts_per_step=0"], "'rollout.prompts_per_step' must be > 0"),

@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from learner.batch import pack
+from learner.batch import mini_batches, pack
 from learner.logprobs import full_logits_logp
 from learner.update import ContrastGroup, LossRow, UpdateSpec, policy_update
 from protocol.algorithm_config import GCPOConfig
@@ -48,9 +48,11 @@ def make_rows(model, n_groups=8, group=4, seed=0) -> list[LossRow]:
     return rows
 
 
-def plain_reference(model, rows, loss_cfg, mini_batches, epochs, lr=LR):
+def plain_reference(model, rows, loss_cfg, mini_batches, epochs, lr=LR, deal=None):
     """Textbook decoupled PPO over mini-batches of whole groups: (losses, clipped tokens, loss
-    tokens, weights after). pi_prox = the weights before the first mini-batch."""
+    tokens, weights after, (clipped, loss tokens) per optimizer step). pi_prox = the weights
+    before the first mini-batch. deal(epoch): that pass's mini-batches (row indices); None =
+    groups in arrival order, the same every pass."""
     model = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     whole = pack(rows, 0)
@@ -66,9 +68,9 @@ def plain_reference(model, rows, loss_cfg, mini_batches, epochs, lr=LR):
         n = size + (k < extra)
         sets.append([i for u in units[at:at + n] for i in u])
         at += n
-    losses, clipped, counted = [], 0, 0
-    for _ in range(epochs):
-        for idx in sets:
+    losses, clipped, counted, per_step = [], 0, 0, []
+    for epoch in range(epochs):
+        for idx in (sets if deal is None else deal(epoch)):
             p = pack([rows[i] for i in idx], 0)
             prox = torch.zeros_like(p.mask)  # the whole batch's step-start log-probs, re-placed
             for b, i in enumerate(idx):
@@ -85,19 +87,21 @@ def plain_reference(model, rows, loss_cfg, mini_batches, epochs, lr=LR):
             m = p.mask
             per_row = (tok * m).sum(-1) / m.sum(-1)
             loss = per_row.sum() / len(idx)  # seq-mean-token-mean over the mini-batch's rows
-            clipped += int((((a > 0) & (ratio > hi)) | ((a < 0) & (ratio < lo)))[m != 0].sum())
-            counted += int(m[(p.adv != 0)].sum())
+            step_clipped = int((((a > 0) & (ratio > hi)) | ((a < 0) & (ratio < lo)))[m != 0].sum())
+            step_counted = int(m[(p.adv != 0)].sum())
+            clipped, counted = clipped + step_clipped, counted + step_counted
+            per_step.append((step_clipped, step_counted))
             opt.zero_grad()
             loss.backward()
             opt.step()
             losses.append(loss.item())
-    return losses, clipped, counted, [q.detach() for q in model.parameters()]
+    return losses, clipped, counted, [q.detach() for q in model.parameters()], per_step
 
 
-def update(model, rows, loss_cfg=LossConfig(), contrasts=(), reference=None, **kw):
+def update(model, rows, loss_cfg=LossConfig(), contrasts=(), reference=None, step=0, **kw):
     engine = SGDEngine(copy.deepcopy(model), LR)
     spec = UpdateSpec(loss_cfg, max_new_tokens=8, **{"micro_batch": 3, "lr": LR, **kw})
-    return policy_update(engine, rows, spec, 0, contrasts, reference), engine
+    return policy_update(engine, rows, spec, 0, contrasts, reference, step), engine
 
 
 def assert_same_weights(engine, weights):
@@ -108,7 +112,7 @@ def assert_same_weights(engine, weights):
 def test_one_optimizer_step_equals_the_plain_reference_and_never_clips(model):
     rows = make_rows(model)
     m, engine = update(model, rows)
-    losses, clipped, _, weights = plain_reference(model, rows, LossConfig(), 1, 1)
+    losses, clipped, _, weights, _ = plain_reference(model, rows, LossConfig(), 1, 1)
     assert m["train/optimizer_steps"] == 1 and engine.steps == 1
     assert m["loss"] == pytest.approx(losses[0], abs=1e-6)
     assert m["pg/clip_frac"] == 0 == clipped  # u = pi_theta / pi_prox is exactly 1
@@ -120,13 +124,33 @@ def test_one_optimizer_step_equals_the_plain_reference_and_never_clips(model):
 def test_later_mini_batches_ratio_to_the_step_start_policy_and_clip(model, mini_batches, epochs):
     rows = make_rows(model)
     m, engine = update(model, rows, mini_batches=mini_batches, epochs=epochs)
-    losses, clipped, counted, weights = plain_reference(model, rows, LossConfig(), mini_batches,
-                                                        epochs)
+    losses, clipped, counted, weights, _ = plain_reference(model, rows, LossConfig(),
+                                                           mini_batches, epochs)
     assert m["train/optimizer_steps"] == engine.steps == mini_batches * epochs
     assert m["loss"] == pytest.approx(sum(losses) / len(losses), abs=1e-5)
     assert m["pg/clip_frac"] > 0
     assert m["pg/clip_frac"] == pytest.approx(clipped / counted)
     assert_same_weights(engine, weights)
+
+
+def test_shuffled_passes_deal_whole_groups_afresh_and_train_like_the_reference(model):
+    rows = make_rows(model)
+    spec = UpdateSpec(LossConfig(), max_new_tokens=8, mini_batches=4, epochs=2, order_seed=7)
+    deals = [mini_batches([r.group_id for r in rows], 4, spec.group_order(3, e)) for e in (0, 1)]
+    assert deals[0] != deals[1]  # a fresh order each pass
+    assert deals[0] != mini_batches([r.group_id for r in rows], 4, spec.group_order(4, 0))
+    for sets in deals:  # every row once, groups whole
+        assert sorted(i for s in sets for i in s) == list(range(len(rows)))
+        assert all(len({rows[i].group_id for i in s}) == 2 for s in sets)
+    m, engine = update(model, rows, mini_batches=4, epochs=2, order_seed=7, step=3)
+    losses, clipped, counted, weights, per_step = plain_reference(
+        model, rows, LossConfig(), 4, 2, deal=lambda e: deals[e])
+    assert m["loss"] == pytest.approx(sum(losses) / len(losses), abs=1e-5)
+    assert_same_weights(engine, weights)
+    # where the clip acts, by optimizer step, and each mini-batch's mean response length
+    assert m["mb/clip_frac"] == pytest.approx([c / t for c, t in per_step])
+    assert m["mb/len_mean"] == pytest.approx(
+        [sum(len(rows[i].response) for i in s) / len(s) for sets in deals for s in sets])
 
 
 def test_the_behaviour_weight_stays_the_step_start_correction_on_every_mini_batch(model):
