@@ -144,12 +144,13 @@ def build_step(groups: list[Group], state: AlgorithmState, cfg: Config, version:
 
 def _reuse(g: Group, members: list[Member], state: AlgorithmState, cfg: Config, version: int,
            step: int, tally: Tally) -> None:
-    """AR3PO (3.3): an all-fail group swaps a response for the newest past correct one; then the
-    group's fresh correct responses enter the buffer (never a reused one)."""
+    """AR3PO (3.3): an all-fail group swaps a response for a past correct one (the newest, or
+    any under ar3po.buffer_pick uniform); then the group's fresh correct responses enter the
+    buffer (never a reused one)."""
     accs = [s.acc for s in g.samples]
     if not any(accs):
         tally.n["all_fail"] += 1
-        entry = state.reuse.latest(g.prompt_id)
+        entry = state.reuse.pick(g.prompt_id, cfg.ar3po.buffer_pick, state.rng)
         if entry is None:
             tally.n["unavailable"] += 1
         else:
@@ -215,7 +216,7 @@ def _to_loss(g: Group, kept: list[Member], adv: list[float], cfg: Config, versio
         else:
             tally.n["no_golden"] += 1
     scale = staleness_weight(group_staleness(g, version), cfg.staleness_bound,
-                             cfg.stale_policy) or 0.0
+                             cfg.stale_policy, cfg.stale_downweight) or 0.0
     for m, a in zip(kept, adv):
         if not m.in_loss:
             continue

@@ -65,6 +65,19 @@ class ReuseBuffer:
         queue = self._entries.get(prompt_id)
         return queue[-1] if queue else None
 
+    def pick(self, prompt_id: PromptId, how: str, rng: random.Random) -> ReuseEntry | None:
+        """The entry to reuse: `latest`, or `uniform` over the prompt's stored entries (the
+        buffer's size then matters: older entries are more off-policy)."""
+        queue = self._entries.get(prompt_id)
+        if not queue:
+            return None
+        match how:
+            case "latest":
+                return queue[-1]
+            case "uniform":
+                return queue[rng.randrange(len(queue))]
+        raise ValueError(f"ar3po.buffer_pick must be 'latest' or 'uniform', got {how!r}")
+
     def __len__(self) -> int:
         """Number of prompts with at least one stored response."""
         return len(self._entries)

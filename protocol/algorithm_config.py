@@ -23,9 +23,11 @@ class AR3POConfig:
     enters the group baseline; policy_recomputed = it also enters the loss with w = 1;
     direct_replay = it enters the loss weighted against its stored behaviour log-probs."""
     buffer_size: int = 4
-    """Correct responses kept per prompt in the reuse buffer (3.3)."""
-    buffer_pick: Literal["latest"] = "latest"
-    """Which stored response is reused: the newest one (smallest age, least off-policy)."""
+    """Correct responses kept per prompt in the reuse buffer (3.3); acts under buffer_pick
+    uniform (latest reads only the newest)."""
+    buffer_pick: Literal["latest", "uniform"] = "latest"
+    """Which stored response is reused: latest = the newest one (smallest age, least
+    off-policy); uniform = any of the prompt's buffer_size, uniformly (3.3's alternative)."""
 
     def validate(self) -> None:
         if not self.stage_sizes or min(self.stage_sizes) < 2:
@@ -66,8 +68,6 @@ class AEROConfig:
     """Beta prior alpha of the degenerate-group posterior."""
     prior_beta: float = 1.0
     """Beta prior beta of the degenerate-group posterior."""
-    negative_pick: Literal["random"] = "random"
-    """How kept negatives are chosen ('most informative' has no stated criterion, 4.4)."""
     advantage_form: Literal["std", "mean_only"] = "std"
     """Degenerate-group advantage: (r - u) / sqrt(u (1 - u)), or r - u (4.3)."""
 

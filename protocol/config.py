@@ -18,7 +18,7 @@ import yaml
 
 from protocol.algorithm_config import (AEROConfig, AR3POConfig, DAPOConfig, GCPOConfig,
                                        HORAConfig, MuGRPOConfig)
-from protocol.config_checks import renamed_value_problems, value_problems
+from protocol.config_checks import removed_key_problems, renamed_value_problems, value_problems
 from protocol.config_loader import ConfigError, build, dump, load, read_yaml, to_dict  # noqa: F401
 from protocol.presets import merge_under, preset
 
@@ -133,7 +133,8 @@ class RolloutConfig:
     prompts_per_step: int = 32
     """Groups (prompts) per learner step."""
     group_size: int = 8
-    """Responses per prompt for fixed-N sampling (GRPO)."""
+    """Responses per prompt for fixed-N sampling (GRPO), HORA's mean budget per prompt. Unused
+    by stop_on_correct (ar3po.stage_sizes) and aero (aero.n_*): another value is refused there."""
     max_new_tokens: int = 8
     """Generation cap per response."""
     temperature: float = 1.0
@@ -184,7 +185,8 @@ class LossConfig:
     behav_weight_cap: float = 2.0
     """Decoupled PPO: cap C on the behaviour weight pi_prox / pi_behav (ALGORITHMS.md 8.3)."""
     behav_weight_mode: Literal["truncate", "mask", "off"] = "truncate"
-    """Decoupled PPO weight: truncate at C, mask tokens above C, or off (w = 1)."""
+    """Decoupled PPO weight: truncate at C, mask tokens above C, or off (w = 1). Both keys act
+    only under old_policy proximal (under behaviour w = 1)."""
     kl_beta: float = 0.0
     """KL penalty coefficient (ALGORITHMS.md 1.5) against the reference policy: a frozen copy of
     the initial weights (model.path, also after a resume), kept on each learner rank (under
@@ -344,15 +346,19 @@ class Config:
     trains; staged: Mu-GRPO stages of mugrpo.updates_per_stage steps on data sampled with the
     stage's frozen weights (weights are published only between stages)."""
     max_staleness: int = 2
-    """Async: bound on policy versions between the actors' weights and the learner's, enforced
+    """Async (mode sync trains at 0, staged at mugrpo.updates_per_stage - 1; another value is
+    refused there): bound on policy versions between the actors' weights and the learner's, enforced
     when work is handed out (admission). A group still running when the learner moves on can
     come back staler than the bound: stale_policy says what happens to it."""
     stale_policy: Literal["drop", "downweight", "tis"] = "tis"
     """A group staler than max_staleness when consumed: tis (default) = trained like any other,
     its off-policy part corrected per token by the truncated behaviour weight (loss.
     behav_weight_cap), as AReaL and PipelineRL do; drop = thrown away (its slot goes to another
-    prompt); downweight = loss x 0.5 per version over the bound. drop and downweight act on the
-    long and late-stage groups, so they filter by length and difficulty (a warning says so)."""
+    prompt); downweight = loss x stale_downweight per version over the bound. drop and downweight
+    act on the long and late-stage groups, so they filter by length and difficulty (a warning
+    says so). Async only: sync and staged runs fix the bound and nothing comes back staler."""
+    stale_downweight: float = 0.5
+    """Under stale_policy downweight: a group's loss factor per version over the bound (0, 1)."""
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
@@ -426,7 +432,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 
 def _refuse_renamed(data: dict, overrides) -> None:
     """An old spelling of a value (a user's YAML from before a rename) names the new one."""
-    problems = renamed_value_problems(data, list(overrides))
+    problems = renamed_value_problems(data, list(overrides)) + removed_key_problems(
+        data, list(overrides))
     if problems:
         raise ConfigError("\n".join(problems))
 

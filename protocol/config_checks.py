@@ -24,6 +24,28 @@ RENAMED_VALUES: dict[str, dict[str, str]] = {
 }
 
 
+# dotted key -> why it is gone; refused with that reason rather than as an unknown key
+REMOVED_KEYS: dict[str, str] = {
+    "aero.negative_pick": "it had one value and was read nowhere: AERO's kept negatives are "
+                          "always uniformly random (4.4's 'most informative' states no criterion)",
+}
+
+
+def removed_key_problems(data: dict, overrides) -> list[str]:
+    """Messages for keys that no longer exist, set in the YAML `data` or an override."""
+    found = []
+    for key, why in REMOVED_KEYS.items():
+        value = data
+        for part in key.split("."):
+            value = value.get(part, _ABSENT) if isinstance(value, dict) else _ABSENT
+        if value is not _ABSENT or any(t.partition("=")[0].strip() == key for t in overrides):
+            found.append(f"'{key}' was removed: {why}; delete it")
+    return found
+
+
+_ABSENT = object()
+
+
 def renamed_value_problems(data: dict, overrides) -> list[str]:
     """Messages for old spellings in effect: the last `a.b=value` override of a key, else its
     value in the YAML `data` (nested dicts). An override with the new value fixes an old file."""
@@ -130,6 +152,52 @@ def value_problems(cfg: Config) -> list[str]:
     found += _loss_problems(cfg)
     found += _weight_sync_problems(cfg)
     found += _update_problems(cfg)
+    found += _inert_problems(cfg)
+    return found
+
+
+def _inert_problems(cfg: Config) -> list[str]:
+    """Keys set away from their default where the rest of the config never reads them: the run
+    would silently do what it does without them."""
+    from protocol.algorithm_config import AR3POConfig
+    from protocol.config import Config as Defaults, LossConfig, RolloutConfig
+
+    found, r, loss, ar = [], cfg.rollout, cfg.loss, cfg.ar3po
+    fixed = {"sync": "0", "staged": "mugrpo.updates_per_stage - 1"}.get(cfg.mode)
+    if fixed and cfg.max_staleness not in (Defaults.max_staleness, cfg.staleness_bound):
+        found.append(f"'max_staleness' ({cfg.max_staleness}) does nothing in mode {cfg.mode}: "
+                     f"its staleness bound is {fixed} ({cfg.staleness_bound})")
+    if fixed and cfg.stale_policy != Defaults.stale_policy:
+        found.append(f"'stale_policy' ({cfg.stale_policy}) does nothing in mode {cfg.mode}: no "
+                     "group comes back staler than the bound, which the mode fixes")
+    if cfg.stale_downweight != Defaults.stale_downweight and (
+            cfg.stale_policy != "downweight" or fixed):
+        found.append(f"'stale_downweight' ({cfg.stale_downweight}) acts only under stale_policy "
+                     f"downweight in mode async (got {cfg.stale_policy}, mode {cfg.mode})")
+    if not 0 < cfg.stale_downweight < 1:
+        found.append(f"'stale_downweight' must be in (0, 1), got {cfg.stale_downweight} (1 is "
+                     "stale_policy tis without a weight, 0 is drop)")
+    if r.group_size != RolloutConfig.group_size and r.policy in ("stop_on_correct", "aero"):
+        spends = "ar3po.stage_sizes" if r.policy == "stop_on_correct" else "aero.n_*"
+        found.append(f"'rollout.group_size' ({r.group_size}) is unused by rollout.policy "
+                     f"{r.policy}, which spends {spends} per prompt")
+    if loss.old_policy == "behaviour":
+        for key in ("behav_weight_cap", "behav_weight_mode"):
+            if getattr(loss, key) != getattr(LossConfig, key):
+                found.append(f"'loss.{key}' ({getattr(loss, key)}) does nothing under "
+                             "loss.old_policy behaviour: the ratio is to the behaviour policy "
+                             "itself and w = 1")
+    elif loss.behav_weight_mode == "off" and loss.behav_weight_cap != LossConfig.behav_weight_cap:
+        found.append(f"'loss.behav_weight_cap' ({loss.behav_weight_cap}) does nothing with "
+                     "loss.behav_weight_mode off (w = 1)")
+    if ar.reuse_mode == "off":
+        for key in ("buffer_size", "buffer_pick"):
+            if getattr(ar, key) != getattr(AR3POConfig, key):
+                found.append(f"'ar3po.{key}' ({getattr(ar, key)}) does nothing with "
+                             "ar3po.reuse_mode off: no response is reused")
+    elif ar.buffer_pick == "latest" and ar.buffer_size != AR3POConfig.buffer_size:
+        found.append(f"'ar3po.buffer_size' ({ar.buffer_size}) does nothing with ar3po.buffer_pick "
+                     "latest, which reads only the newest entry (uniform picks among them)")
     return found
 
 

@@ -182,6 +182,26 @@ def test_gcpo_is_inactive_on_a_group_that_reuse_made_informative():
     assert batch.contrasts == [] and batch.metrics["gcpo/active_frac"] == 0
 
 
+def test_reuse_picks_the_newest_stored_response_or_any_of_them_under_uniform():
+    def reused_versions(*overrides):
+        cfg = config("ar3po", "ar3po.reuse_mode=direct_replay", *overrides)
+        state = AlgorithmState(cfg)
+        for v in range(4):  # four stored correct responses, versions 0..3
+            step(cfg, [group([True, False], gid=f"s{v}", version=v)], state=state, version=v)
+        return {r.policy_version for k in range(40)
+                for r in step(cfg, [group([False] * 4, gid=f"f{k}", version=4)], state=state,
+                              version=4)[0].rows if r.reuse}
+    assert reused_versions() == {3}
+    assert reused_versions("ar3po.buffer_pick=uniform") == {0, 1, 2, 3}
+    assert reused_versions("ar3po.buffer_pick=uniform", "ar3po.buffer_size=2") == {2, 3}
+
+
+def test_a_group_over_the_bound_is_scaled_by_stale_downweight_per_version_over():
+    cfg = config("grpo", "stale_policy=downweight", "stale_downweight=0.25")
+    batch, _ = step(cfg, [group([True, False], version=0)], version=6)  # bound 4: 2 over
+    assert {r.scale for r in batch.rows} == {0.25 ** 2}
+
+
 def test_reused_rows_are_exempt_from_staleness_stats():
     cfg = config("ar3po", "ar3po.reuse_mode=policy_recomputed")
     _, state = step(cfg, [group([True, False], gid="first", version=0)])

@@ -34,6 +34,28 @@ REFUSED = [
      "'weight_sync.sync_every' does nothing in mode staged"),
     (["optim.mini_batches=1", "optim.group_order=arrival"],
      r"'optim.group_order' \(arrival\) acts only with optim.mini_batches > 1"),
+    # keys set where the rest of the config never reads them
+    (["mode=sync", "max_staleness=3"], r"'max_staleness' \(3\) does nothing in mode sync"),
+    (["algorithm=mugrpo", "max_staleness=0"],
+     r"'max_staleness' \(0\) does nothing in mode staged: its staleness bound is mugrpo"),
+    (["mode=sync", "stale_policy=drop"], r"'stale_policy' \(drop\) does nothing in mode sync"),
+    (["stale_downweight=0.8"], r"'stale_downweight' \(0.8\) acts only under stale_policy down"),
+    (["stale_policy=downweight", "stale_downweight=1"], r"'stale_downweight' must be in \(0, 1\)"),
+    (["algorithm=ar3po", "rollout.group_size=16"],
+     r"'rollout.group_size' \(16\) is unused by rollout.policy stop_on_correct"),
+    (["algorithm=aero", "rollout.group_size=16"],
+     r"'rollout.group_size' \(16\) is unused by rollout.policy aero, which spends aero.n_\*"),
+    (["loss.old_policy=behaviour", "loss.behav_weight_mode=mask"],
+     r"'loss.behav_weight_mode' \(mask\) does nothing under loss.old_policy behaviour"),
+    (["algorithm=mugrpo", "loss.behav_weight_cap=3"],
+     r"'loss.behav_weight_cap' \(3.0\) does nothing under loss.old_policy behaviour"),
+    (["loss.behav_weight_mode=off", "loss.behav_weight_cap=3"],
+     r"'loss.behav_weight_cap' \(3.0\) does nothing with loss.behav_weight_mode off"),
+    (["algorithm=grpo", "ar3po.buffer_pick=uniform"],
+     r"'ar3po.buffer_pick' \(uniform\) does nothing with ar3po.reuse_mode off"),
+    (["algorithm=ar3po", "ar3po.buffer_size=8"],
+     r"'ar3po.buffer_size' \(8\) does nothing with ar3po.buffer_pick latest"),
+    (["aero.negative_pick=random"], r"'aero.negative_pick' was removed: .* uniformly random"),
     (["rollout.top_p=0.9"], "'rollout.top_p' must be 1.0 for training"),
     (["rollout.temperature=0"], "'rollout.temperature' must be > 0"),
     (["rollout.prompts_per_step=0"], "'rollout.prompts_per_step' must be > 0"),
@@ -102,7 +124,6 @@ def test_a_consumption_rule_that_filters_by_length_is_said_at_the_start():
     for policy in ("drop", "downweight"):
         (warning,) = config_warnings(load_config(TINY, ["mode=async", f"stale_policy={policy}"]))
         assert f"stale_policy '{policy}'" in warning and "length and difficulty" in warning
-    assert config_warnings(load_config(TINY, ["mode=sync", "stale_policy=drop"])) == []
     # tis with the behaviour weight off keeps the stale groups but corrects nothing
     (warning,) = config_warnings(load_config(TINY, ["mode=async", "loss.behav_weight_mode=off"]))
     assert "loss.behav_weight_mode 'off'" in warning and "uncorrected" in warning
