@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from actors.seeds import claim_start
 from protocol.config import load_config
 from protocol.exit_codes import exit_at_once
 
@@ -25,10 +26,13 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s actor{args.actor_id} %(levelname)s %(message)s")
     cfg = load_config(args.run_dir / "config.yaml", args.overrides)
     torch.set_num_threads(cfg.actors.threads)
-    torch.manual_seed(cfg.run.seed * 1000 + args.actor_id + 1)
+    start, seed = claim_start(args.run_dir, args.actor_id, cfg.run.seed)
+    logging.getLogger("actor").info("start %d of actor %d: sampling seed %d", start,
+                                    args.actor_id, seed)
+    torch.manual_seed(seed)
     from actors.worker import run_actor  # heavy imports after argument errors are reported
 
-    return run_actor(cfg, args.actor_id)
+    return run_actor(cfg, args.actor_id, seed)
 
 
 if __name__ == "__main__":

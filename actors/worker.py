@@ -39,14 +39,16 @@ from protocol.weights import WeightGroup, WeightSyncError, connect_store, sync_g
 log = logging.getLogger(__name__)
 
 
-def engine_kwargs(cfg: Config) -> dict:
+def engine_kwargs(cfg: Config, seed: int = 0) -> dict:
+    """The engine's arguments; `seed`: this actor start's sampling seed (actors/seeds.py; the HF
+    engine samples from torch's global generator, which actors/main.py seeds with it)."""
     if cfg.actors.engine == "hf":
         return dict(device=cfg.model.device, dtype=cfg.model.dtype, max_batch=cfg.actors.max_batch)
     a = cfg.actors
     return dict(device=cfg.model.device, dtype=cfg.model.dtype,
                 gpu_memory_utilization=a.gpu_memory_utilization, kv_cache_gib=a.kv_cache_gib,
                 enable_prefix_caching=a.enable_prefix_caching, max_model_len=a.max_model_len,
-                enforce_eager=a.enforce_eager, seed=cfg.run.seed, max_batch=a.max_batch)
+                enforce_eager=a.enforce_eager, seed=seed, max_batch=a.max_batch)
 
 
 def while_beating(blocking: Callable[[], object], beat: Callable[[], None], every_s: float):
@@ -136,9 +138,9 @@ def newest_epoch_syncs(syncs: list[SyncWeights]) -> list[SyncWeights]:
     return [m for m in syncs if m.group_epoch == newest]
 
 
-def run_actor(cfg: Config, actor_id: int) -> int:
+def run_actor(cfg: Config, actor_id: int, seed: int = 0) -> int:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    engine = make_engine(cfg.actors.engine, cfg.model.path, **engine_kwargs(cfg))
+    engine = make_engine(cfg.actors.engine, cfg.model.path, **engine_kwargs(cfg, seed))
     verifier = Verifier(cfg.actors.verifier_timeout_s)
     rollouts = Rollouts(engine, tokenizer, verifier, cfg.rollout.abort_on_first_correct)
     # the pid makes a restarted actor a new ZeroMQ peer (the learner then drops the old one)

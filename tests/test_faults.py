@@ -137,6 +137,11 @@ def test_an_actor_killed_twice_is_restarted_and_the_run_finishes_with_no_group_t
     assert all(r["stale/max"] <= 1 or r["stale/over_bound_groups"] > 0 for r in rows[1:])
     final = processes(run_dir)["actors"]
     assert {int(final[a]["pid"]) for a in ("0", "1")}.isdisjoint(killed)
+    # every start sampled from its own seed, recorded in the run folder: actor 0 three times
+    starts = {p.stem: json.loads(p.read_text()) for p in (run_dir / "actors").glob("*.json")}
+    assert sorted(starts) == ["actor0-start0", "actor0-start1", "actor0-start2", "actor1-start0"]
+    assert len({s["seed"] for s in starts.values()}) == 4
+    assert {s["pid"] for s in starts.values()} >= set(killed)
 
 
 def test_a_learner_killed_mid_run_resumes_with_continuous_steps(tiny_model, tmp_path):
