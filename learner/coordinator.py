@@ -17,6 +17,11 @@ first in line, with their group ids (no extra admission slot: they were counted 
 goes only to the members of the current weight group (they hold the weights); when the live
 actors differ from the members, the learner forms a new group (`sync_weights(new_epoch=True)`)
 before any more work goes out.
+
+A checkpoint keeps every prompt handed out whose group the trainer has not taken (`handed`:
+in flight, waiting to be reissued, or returned and ready), with the admission slots and the
+counters; a resumed coordinator hands those prompts out again first (`load_state_dict`), so a
+resume neither skips a prompt nor trains one twice.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+import msgspec
 
 from learner.staleness import may_admit
 from protocol.messages import (PROTOCOL_VERSION, Group, Heartbeat, Hello, Prompt, RolloutSpec,
@@ -66,6 +73,9 @@ class Coordinator:
         self.stats = Counter()
         self._work_seq = 0
         self.reissue: deque[Prompt] = deque()  # prompts of lost actors, handed out first
+        # every prompt handed out whose group the trainer has not taken yet (in flight, waiting
+        # to be reissued, or returned and ready), in hand-out order: what a checkpoint keeps
+        self.handed: dict[str, Prompt] = {}
         self.epoch = 0  # the weight group's epoch; members are the actors with rank > 0
         self.members: frozenset[bytes] = frozenset()
         self._ids_seen: set[int] = set()
@@ -194,6 +204,7 @@ class Coordinator:
             self.slots_taken += fresh
             handed += len(prompts)
             actor.inflight.update((p.group_id, p) for p in prompts)
+            self.handed.update((p.group_id, p) for p in prompts)
             try:
                 self.endpoint.send(actor.peer, work)
             except TransportError as e:  # gone: these prompts join the reissue queue
@@ -208,7 +219,25 @@ class Coordinator:
 
     def take(self, count: int) -> list[Group]:
         taken, self.ready = self.ready[:count], self.ready[count:]
+        for g in taken:
+            self.handed.pop(g.group_id, None)
         return taken
+
+    # -- checkpoint -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """What a resumed run needs to lose no prompt and repeat none: the prompts handed out
+        whose groups were not taken (they are handed out again, first, with their group ids),
+        the admission slots, the weight group's epoch and the cumulative counters (faults/*)."""
+        return {"slots_taken": self.slots_taken, "epoch": self.epoch,
+                "pending": [msgspec.to_builtins(p) for p in self.handed.values()],
+                "stats": dict(self.stats)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.slots_taken, self.epoch = state["slots_taken"], state["epoch"]
+        pending = [msgspec.convert(p, Prompt) for p in state["pending"]]
+        self.reissue.extend(pending)
+        self.handed.update((p.group_id, p) for p in pending)
+        self.stats.update(state["stats"])
 
     # -- control ----------------------------------------------------------------------------
     def sync_weights(self, version: int, new_epoch: bool) -> bool:

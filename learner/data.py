@@ -97,6 +97,15 @@ class PromptStream:
         """(answer, golden solution or None) of a prompt handed out, forgotten once asked."""
         return self._solutions.pop(group_id, None)
 
+    def solutions_of(self, group_ids: list[str]) -> dict[str, list]:
+        """The stored (answer, solution) of these group ids, for a checkpoint (GCPO)."""
+        return {g: list(self._solutions[g]) for g in group_ids if g in self._solutions}
+
+    def restore_solutions(self, solutions: dict[str, list]) -> None:
+        """Put a checkpoint's stored solutions back (the prompts it hands out again)."""
+        if self.keep_solutions:
+            self._solutions.update((g, (a, s)) for g, (a, s) in solutions.items())
+
 
 def responses_cap(cfg: Config) -> int:
     """`Prompt.n` by rollout policy: the responses to sample (fixed), the per-prompt cap

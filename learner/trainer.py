@@ -66,6 +66,7 @@ class Learner:
         self.reference = build_reference(cfg)  # KL: the initial weights, also after a resume
         self.followers = PlanChannel()  # learner ranks 1..R-1 (none with one rank)
         self.step = self.version = data_index = 0
+        coordinator_state, solutions = None, {}
         for warning in config_warnings(cfg):
             log.warning(warning)
         self.algo = AlgorithmState(cfg)
@@ -85,9 +86,14 @@ class Learner:
             set_rng_state(state["rng"])
             if "algorithms" in state:
                 self.algo.load_state_dict(state["algorithms"])
+            # checkpoints before it kept no pending prompts: those resume as before (admission
+            # slots rebuilt as version x G, the prompts in flight not handed out again)
+            coordinator_state = state.get("coordinator")
+            solutions = state.get("solutions", {})
             log.info("resumed from %s at step %d", checkpoint, self.step)
         self.prompts = PromptStream(cfg, self.tokenizer, start=data_index,
                                     keep_solutions=cfg.gcpo.coef > 0)
+        self.prompts.restore_solutions(solutions)
         self.eval_problems = held_out(cfg)
         self.verifier = Verifier(cfg.actors.verifier_timeout_s)
         self.endpoint = LearnerEndpoint(cfg.net.bind_host, cfg.net.zmq_port,
@@ -99,6 +105,8 @@ class Learner:
                                  PromptSource(cfg, self.prompts, self.algo.prompt_counts),
                                  rollout_spec(cfg), G, cfg.work_size,
                                  cfg.staleness_bound, slots_taken=self.version * G)
+        if coordinator_state is not None:  # the prompts handed out and not trained go first
+            self.coord.load_state_dict(coordinator_state)
         self.stage_end = self.stage_version = self.stage_start = self.step  # mode=staged
         # the version the actors hold (the last one published): admission counts from it, since
         # under weight_sync.sync_every > 1 they sample up to sync_every - 1 versions behind
@@ -367,8 +375,11 @@ class Learner:
         if self._checkpointed_step == self.step:
             return
         self._checkpointed_step = self.step
+        coordinator = self.coord.state_dict()
+        pending = [p["group_id"] for p in coordinator["pending"]]
         state = {"step": self.step, "version": self.version, "data_index": self.prompts.index,
-                 "rng": rng_state(), "algorithms": self.algo.state_dict()}
+                 "rng": rng_state(), "algorithms": self.algo.state_dict(),
+                 "coordinator": coordinator, "solutions": self.prompts.solutions_of(pending)}
         self.followers.tell("checkpoint", step=self.step)
         save_checkpoint(self.run_dir, self.step, self.engine, self.tokenizer, state,
                         keep_last=self.cfg.run.keep_checkpoints)

@@ -210,3 +210,33 @@ def test_a_heartbeat_from_a_replaced_process_does_not_bring_it_back(learner):
     assert coord.stats["faults/actors_lost"] == 1
     old.close()
     new.close()
+
+
+def test_a_checkpoint_keeps_every_prompt_not_yet_taken_and_a_resumed_coordinator_sends_it_first(
+        learner):
+    coord = make_coordinator(learner, max_staleness=1)
+    a0 = join(coord, 0, 100)
+    assert coord.sync_weights(0, new_epoch=True)
+    assert coord.admit(version=0) == 8  # two steps' prompts, g0..g7
+    prompts = {p.group_id: p for w in recv_all(a0, Work) for p in w.prompts}
+    for gid in ("g0", "g1", "g2", "g5"):  # four come back; three are taken (trained)
+        a0.send(group_for(prompts[gid], 0))
+        assert coord.poll(5.0)
+    assert [g.group_id for g in coord.take(3)] == ["g0", "g1", "g2"]
+    coord.stats["faults/actors_lost"] = 2
+    state = coord.state_dict()
+    # in flight (g3, g4, g6, g7) and returned but not taken (g5): kept, in hand-out order
+    assert [p["group_id"] for p in state["pending"]] == ["g3", "g4", "g5", "g6", "g7"]
+    a0.close()
+
+    resumed = Coordinator(learner, iter([]), SPEC, 4, 2, 1, slots_taken=0)
+    resumed.load_state_dict(state)
+    b0 = join(resumed, 0, 200)
+    assert resumed.sync_weights(1, new_epoch=True)
+    assert resumed.epoch == state["epoch"] + 1 and resumed.stats["faults/actors_lost"] == 2
+    # the pending prompts go out again, with their group ids and no new admission slot (the
+    # stream is empty: one fresh prompt would raise StopIteration)
+    assert resumed.admit(version=0) == 5 and resumed.slots_taken == 8
+    again = [p for w in recv_all(b0, Work) for p in w.prompts]
+    assert again == [prompts[g] for g in ("g3", "g4", "g5", "g6", "g7")]
+    b0.close()
