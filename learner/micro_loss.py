@@ -147,11 +147,14 @@ def pg_loss(model, rows_k: list[Row], prox_k, ref_k, spec: UpdateSpec, pad_id: i
     loss = agg(loss_tok * w * packed.scale[:, None])
     if lc.entropy_coef > 0:
         loss = loss - lc.entropy_coef * agg(entropy)
-    m = packed.mask
+    # the token metrics' one denominator: response tokens of rows that carry policy gradient
+    # (advantage != 0), whether or not KL or entropy make zero-advantage rows run forward too
+    m = packed.mask * (packed.adv != 0).to(packed.mask.dtype)[:, None]
     if ref_k is not None:
         kl = kl_penalty(logp, on_responses(rows_k, ref_k, m.shape[1], m.device), lc.kl_kind)
         loss = loss + lc.kl_beta * agg(kl)
-        sums["kl"] += (kl.detach() * m).sum().item()
+        sums["kl"] += (kl.detach() * mask).sum().item()  # over the tokens the KL term acts on
+        sums["kl_tokens"] += mask.sum().item()
     sums["loss"] += loss.item()
     sums["clip_low"] += (c_low * m).sum().item()
     sums["clip_high"] += (c_high * m).sum().item()

@@ -18,7 +18,10 @@ mini-batch and their loss tokens, counted over every rank and micro-batch; token
 mask or the Mu-GRPO veto drop are left out of the token-mean denominator (a no-grad pass counts
 them first when they depend on the current weights). Rows with zero advantage add nothing to the
 policy-gradient loss, so when neither KL nor entropy terms are on they are counted in the
-denominators but never run forward. Micro-batches are bounded by `learner.micro_batch` sequences
+denominators but never run forward. The token metrics (`pg/clip_frac*`, `is/w_*`,
+`policy/entropy`) have one denominator on every preset: the response tokens of the rows with a
+nonzero advantage, whether or not KL or entropy make the others run forward; `kl/mean` is over
+the tokens the KL term acts on (every row's loss tokens). Micro-batches are bounded by `learner.micro_batch` sequences
 and `learner.max_tokens_per_micro_batch` padded tokens; log-probs are computed in chunks
 (learner/logprobs.py).
 
@@ -294,8 +297,8 @@ def _metrics(sums, norms, rows_forward, rows, contrasts, engine, spec, pad_id, c
         "timing/update": compute_s,
         **timing,
     }
-    if spec.loss.kl_beta > 0:
-        metrics["kl/mean"] = per_token(sums["kl"])
+    if spec.loss.kl_beta > 0:  # every row runs forward: over the KL term's loss tokens
+        metrics["kl/mean"] = sums["kl"] / sums["kl_tokens"] if sums["kl_tokens"] else None
     if spec.veto is not None:
         metrics.update({
             "veto/token_frac": sums["vetoed"] / max(sums["neg_tokens"], 1.0),
@@ -320,7 +323,8 @@ def _metrics(sums, norms, rows_forward, rows, contrasts, engine, spec, pad_id, c
 
 
 _SUM_KEYS = ("loss", "clip_low", "clip_high", "w", "w_trunc", "entropy", "tokens", "train_tokens",
-             "vetoed", "neg_tokens", "neg_rows", "neg_triggered", "triggers", "kl", "gc_loss",
+             "vetoed", "neg_tokens", "neg_rows", "neg_triggered", "triggers", "kl", "kl_tokens",
+             "gc_loss",
              "gc_margin", "gc_margin_start", "gc_closed", "gc_seen")
 
 

@@ -153,6 +153,17 @@ def test_shuffled_passes_deal_whole_groups_afresh_and_train_like_the_reference(m
         [sum(len(rows[i].response) for i in s) / len(s) for sets in deals for s in sets])
 
 
+def test_token_metrics_have_one_denominator_whether_or_not_zero_advantage_rows_run_forward(
+        model):
+    rows = make_rows(model)  # group g0 has zero advantages and w != 1
+    plain, _ = update(model, rows)
+    # a negligible entropy bonus makes every row run forward; the metrics must not change
+    forward_all, _ = update(model, rows, LossConfig(entropy_coef=1e-12))
+    assert forward_all["train/rows_forward"] > plain["train/rows_forward"]
+    for key in ("is/w_mean", "is/w_truncated_frac", "policy/entropy", "pg/clip_frac"):
+        assert forward_all[key] == pytest.approx(plain[key], rel=1e-6, abs=1e-12), key
+
+
 def test_the_behaviour_weight_stays_the_step_start_correction_on_every_mini_batch(model):
     rows = make_rows(model)
     one, _ = update(model, rows)
