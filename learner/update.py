@@ -199,12 +199,32 @@ def policy_update(engine, rows: list[Row], spec: UpdateSpec, pad_id: int,
     metrics = _metrics(sums, norms, len([i for s in passes[0] for b in s.pg for i in b]), rows,
                        contrasts, engine, spec, pad_id, compute_s, timing)
     metrics["optim/lr"] = lr
+    metrics.update(optimizer_step_staleness(rows, spec, step))
     if spec.mini_batches > 1:  # by optimizer step, pass after pass: where the clip acts
         clipped, toks = reduced[len(_SUM_KEYS)::2], reduced[len(_SUM_KEYS) + 1::2]
         metrics["mb/clip_frac"] = [c / t if t else None for c, t in zip(clipped, toks)]
         metrics["mb/len_mean"] = [s.num_tokens / s.num_seqs if s.num_seqs else None
                                   for steps in passes for s in steps]
     return metrics
+
+
+def optimizer_step_staleness(rows: list[Row], spec: UpdateSpec, step: int) -> dict:
+    """Staleness in optimizer steps (policy versions count learner steps): a row sampled by
+    version v and trained in optimizer step k (0-based, pass after pass) of learner step `step`
+    is (step - v) x optimizer_steps + k optimizer steps behind the weights it updates. Over the
+    fresh rows that carry gradient (reused responses are exempt, as from stale/*)."""
+    behind = []
+    for e in range(spec.epochs):
+        sets = mini_batches([r.group_id for r in rows], spec.mini_batches,
+                            spec.group_order(step, e))
+        for k, row_set in enumerate(sets):
+            behind += [(step - rows[i].policy_version) * spec.optimizer_steps
+                       + e * spec.mini_batches + k for i in row_set
+                       if rows[i].adv != 0 and not getattr(rows[i], "reuse", "")]
+    if not behind:
+        return {}
+    return {"stale/optimizer_steps_max": max(behind),
+            "stale/optimizer_steps_mean": sum(behind) / len(behind)}
 
 
 def _contrast_start(engine, contrasts, mine_gc, spec, pad_id, sums) -> dict[int, list]:

@@ -164,6 +164,19 @@ def test_token_metrics_have_one_denominator_whether_or_not_zero_advantage_rows_r
         assert forward_all[key] == pytest.approx(plain[key], rel=1e-6, abs=1e-12), key
 
 
+def test_staleness_in_optimizer_steps_counts_every_update_since_the_sampling_weights(model):
+    from dataclasses import replace
+
+    rows = make_rows(model)  # 7 groups with gradient, sampled by version 0
+    rows = [replace(r, policy_version=1) if r.group_id == "g7" else r for r in rows]
+    m, _ = update(model, rows, mini_batches=4, epochs=2, step=2)
+    # version 0 trained in learner step 2 of 8 optimizer steps each: 16 behind at the first,
+    # 23 at the last optimizer step; g7 (version 1) is 8 fewer
+    assert m["stale/optimizer_steps_max"] == 23
+    one, _ = update(model, rows, step=2)
+    assert one["stale/optimizer_steps_max"] == 2  # one optimizer step per learner step
+
+
 def test_the_behaviour_weight_stays_the_step_start_correction_on_every_mini_batch(model):
     rows = make_rows(model)
     one, _ = update(model, rows)
