@@ -314,6 +314,9 @@ class Learner:
             load, self.engine_loads = engine_load_metrics([*generated, *dropped], self.engine_loads)
             metrics.update(load)
             metrics["groups/trained_ids"] = [g.group_id for g in groups]  # audit: none twice
+            # audit of admission: the weights each group's first token was sampled with
+            metrics["groups/trained_first_versions"] = [
+                min(s.policy_version for s in g.samples) for g in groups]
             metrics["gen/responses_per_trained_prompt"] = (
                 metrics["gen/responses_per_step"] / max(len(groups), 1))
             metrics.update(batch.metrics)

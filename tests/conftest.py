@@ -109,3 +109,33 @@ def quick_run_args(run_dir: Path, model: Path, *overrides: str) -> list[str]:
             f"model.path={model}", "run.wandb=disabled", "run.progress=false",
             "task.eval_per_level=8", "rollout.prompts_per_step=8", "rollout.prompts_per_work=4",
             *overrides]
+
+
+def assert_admitted_within_bound(rows: list[dict], groups_per_step: int, bound: int) -> int:
+    """Admission's bound (ALGORITHMS.md 8.2), read from what was trained: with no slot released
+    (nothing dropped, no DAPO batches), group g<i> took admission slot i, which opens only once
+    the actors hold version ceil((i + 1) / G) - bound - 1, so its first token was sampled by
+    that version or a later one. Fails when admission runs ahead (or a resume miscounts its
+    slots); returns how many groups were checked."""
+    checked = 0
+    for r in rows:
+        for gid, first in zip(r.get("groups/trained_ids", []),
+                              r.get("groups/trained_first_versions", []), strict=True):
+            i = int(gid[1:])
+            opens_at = -(-(i + 1) // groups_per_step) - bound - 1
+            assert first >= opens_at, (f"{gid} sampled by version {first}, but its slot opens "
+                                       f"at version {opens_at} (step {r['step']})")
+            checked += 1
+    return checked
+
+
+def assert_on_policy(rows: list[dict]) -> None:
+    """A sync run's actors sampled with exactly the weights the learner trains: the decoupled
+    weight is 1 (float error) on every step that trained a row, null exactly on the steps that
+    trained none, and at least one step trained (so the check could fail)."""
+    trained = [r for r in rows if r["train/rows_forward"] > 0]
+    assert trained, "no step trained a row: nothing to check"
+    for r in rows:
+        assert (r["is/w_mean"] is None) == (r["train/rows_forward"] == 0), r["step"]
+    for r in trained:
+        assert abs(r["is/w_mean"] - 1.0) < 1e-3, (r["step"], r["is/w_mean"])

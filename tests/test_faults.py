@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, quick_run_args, read_rows, run_rlvr
+from tests.conftest import (ROOT, assert_admitted_within_bound, quick_run_args, read_rows,
+                            run_rlvr)
 
 pytestmark = pytest.mark.slow
 
@@ -132,9 +133,9 @@ def test_an_actor_killed_twice_is_restarted_and_the_run_finishes_with_no_group_t
     assert last["faults/actor_restarts"] == 2
     assert last["faults/weight_group_epoch"] >= 3  # start, and once per restart at least
     assert last["actors/live"] == 2
-    # no group dropped; one that outlived admission's bound (1) is trained and counted
+    # no group dropped, and the prompts reissued from the dead actor kept their slots
     assert all(r["gen/responses_dropped_stale"] == 0 for r in rows[1:])
-    assert all(r["stale/max"] <= 1 or r["stale/over_bound_groups"] > 0 for r in rows[1:])
+    assert assert_admitted_within_bound(rows, 8, bound=1) == 8 * rows[-1]["step"]
     final = processes(run_dir)["actors"]
     assert {int(final[a]["pid"]) for a in ("0", "1")}.isdisjoint(killed)
     # every start sampled from its own seed, recorded in the run folder: actor 0 three times
@@ -186,6 +187,8 @@ def test_a_learner_killed_mid_run_resumes_losing_no_prompt_and_repeating_none(
     assert all(r["gen/responses_dropped_stale"] == 0 for r in rows[1:])  # tis: none dropped
     assert len(trained) == len(set(trained))
     assert sorted(trained + pending) == sorted(f"g{i}" for i in range(final["data_index"]))
+    # and the resumed admission counted the pending prompts' slots: none ran ahead
+    assert assert_admitted_within_bound(rows, 8, bound=2) == 8 * steps
     # the fault counters continue across the resume
     assert rows[-1]["faults/actors_lost"] >= 1 and rows[-1]["faults/actor_restarts"] >= 1
 

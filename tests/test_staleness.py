@@ -8,27 +8,32 @@ from hypothesis import strategies as st
 from learner.staleness import may_admit, staleness_summary, staleness_weight
 
 
-def test_synchronous_bound_admits_exactly_one_step_of_groups_per_version():
-    admitted = [may_admit(n, learner_version=0, max_staleness=0, groups_per_step=4) for n in range(6)]
-    assert admitted == [True, True, True, True, False, False]
-    assert may_admit(4, learner_version=1, max_staleness=0, groups_per_step=4)
+def run_admission(eta: int, per_step: int, versions: int) -> list[int]:
+    """A learner that, at each version v, admits what `may_admit` lets out and then trains step
+    v's groups (indices v*G .. (v+1)*G - 1, in order); returns the version each group was
+    admitted at, and checks the learner never waits for a group admission holds back."""
+    admitted_at: list[int] = []
+    for v in range(versions):
+        while may_admit(len(admitted_at), v, eta, per_step):
+            admitted_at.append(v)
+        assert len(admitted_at) >= (v + 1) * per_step, f"step {v} starved at eta={eta}"
+    return admitted_at
 
 
-def test_a_staleness_bound_of_eta_lets_eta_extra_steps_be_in_flight():
-    assert may_admit(11, learner_version=0, max_staleness=2, groups_per_step=4)
-    assert not may_admit(12, learner_version=0, max_staleness=2, groups_per_step=4)
+def test_the_synchronous_bound_hands_out_exactly_the_step_being_trained():
+    admitted_at = run_admission(eta=0, per_step=4, versions=3)
+    assert admitted_at == [0] * 4 + [1] * 4 + [2] * 4  # each step's groups, with its weights
 
 
 @settings(max_examples=60, deadline=None)
-@given(version=st.integers(0, 50), eta=st.integers(0, 8), per_step=st.integers(1, 64))
-def test_no_admitted_group_can_be_consumed_staler_than_the_bound(version, eta, per_step):
-    # The last admitted group is number N-1 (0-based); it belongs to step (N-1) // per_step and is
-    # consumed when the learner reaches that version, so its staleness is at most eta.
-    n = 0
-    while may_admit(n, version, eta, per_step):
-        n += 1
-    assert n == (version + eta + 1) * per_step
-    assert (n - 1) // per_step - version <= eta
+@given(eta=st.integers(0, 8), per_step=st.integers(1, 64), versions=st.integers(1, 12))
+def test_every_group_is_trained_within_eta_versions_of_its_admission_and_eta_steps_run_ahead(
+        eta, per_step, versions):
+    admitted_at = run_admission(eta, per_step, versions)
+    for i, a in enumerate(admitted_at[:versions * per_step]):
+        assert i // per_step - a <= eta  # trained by version i // G, admitted at version a
+    # and as far ahead as the bound allows: eta whole steps beyond the one being trained
+    assert len(admitted_at) == (versions + eta) * per_step
 
 
 def test_admission_rejects_a_negative_bound():
