@@ -12,6 +12,7 @@ from learner.batch import Row, pack
 from learner.logprobs import token_logp
 from tasks.prompts import prompt_token_ids
 from tasks.tiny_model import build_model, build_tokenizer
+from tests.logprob_refs import full_forward_logp, kept_kv_logp
 
 
 def tiny(seed: int = 1):
@@ -20,15 +21,6 @@ def tiny(seed: int = 1):
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
     return tok, model
-
-
-def full_forward_logp(model, prompt: list[int], response: list[int], temperature: float):
-    """log softmax(logits / T) of each response token, from one uncached forward pass."""
-    ids = torch.tensor([prompt + response])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
-    logp = torch.log_softmax(logits / temperature, -1)
-    return logp.gather(-1, torch.tensor(response)[:, None])[:, 0]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -79,7 +71,14 @@ def test_tokens_sampled_after_a_weight_update_carry_the_new_version():
     _, old_model = tiny()
     ref = full_forward_logp(old_model, prompt, f.token_ids, 1.0)
     assert (torch.tensor(f.logprobs[:4]) - ref[:4]).abs().max() < 1e-5
-    assert (torch.tensor(f.logprobs[4:]) - ref[4:]).abs().max() > 1e-3  # the rest: new weights
+    # the rest: the new weights decoding over the KV the old ones computed (prompt + the first
+    # three tokens; the fourth is fed in by the first step after the update)
+    kept = kept_kv_logp(old_model, new_model, prompt, f.token_ids, kept=3)
+    assert (torch.tensor(f.logprobs[4:]) - kept).abs().max() < 1e-5
+    assert (kept - ref[4:]).abs().max() > 1e-3  # which the old weights would not give,
+    recomputed = full_forward_logp(new_model, prompt, f.token_ids, 1.0)[4:]
+    assert (kept - recomputed).abs().max() > 1e-4  # nor the new ones with the KV recomputed
+
 
 
 def test_requests_stop_at_eos_or_are_marked_truncated():

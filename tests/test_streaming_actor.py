@@ -26,6 +26,7 @@ from tasks.tiny_model import build_model, build_tiny
 from protocol.messages import Heartbeat, RolloutSpec
 from tests.actor_harness import FakeLearner, prompt
 from tests.calibration import record
+from tests.logprob_refs import full_forward_logp, kept_kv_logp
 
 pytestmark = pytest.mark.slow
 
@@ -83,9 +84,14 @@ def test_a_sync_announced_in_the_middle_of_a_long_generation(policy, tmp_path, r
             # calibrated: 0 +- 0 over 5 runs (tests/README.md)
             record("decode steps before the sync is served", steps_to_serve(log, 1), high=2)
             assert steps_to_serve(log, 1) <= 1
-            crossed = [r for r in runs if len(r) == 2]
-            assert crossed and all([v for v, _ in r] == [0, 1] for r in crossed)
+            crossed = [(r, s) for r, s in zip(runs, g.samples) if len(r) == 2]
+            assert crossed and all([v for v, _ in r] == [0, 1] for r, _ in crossed)
             assert g.aborted_samples == 0
+            for ((_, k), _), s in crossed:  # old weights, then new ones over the old KV
+                old = full_forward_logp(v0, ids, s.token_ids)[:k]
+                assert (torch.tensor(s.logprobs[:k]) - old).abs().max() < 1e-4
+                kept = kept_kv_logp(v0, v1.eval(), ids, s.token_ids, kept=k - 1)
+                assert (torch.tensor(s.logprobs[k:]) - kept).abs().max() < 1e-4
         case "abort":  # served at once; what was decoding is dropped, counted, sampled again
             # calibrated: 0 +- 0 over 5 runs (tests/README.md)
             record("decode steps before the sync is served", steps_to_serve(log, 1), high=2)

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from actors.engines.vllm_step import VLLMStepLoop
 from tasks.prompts import prompt_token_ids
 from tasks.tiny_model import build_model, build_tiny
+from tests.logprob_refs import full_forward_logp, kept_kv_logp
 
 pytestmark = pytest.mark.slow
 
@@ -56,12 +57,6 @@ def setup(tmp_path_factory):
     engine = StepEngine(path, tok.eos_token_id)
     yield engine, tok, AutoModelForCausalLM.from_pretrained(path).eval()
     engine.close()
-
-
-def full_forward_logp(model, prompt, response):
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1:-1]
-    return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
 
 
 def test_requests_come_and_go_between_steps_with_the_samplers_log_probs(setup):
@@ -113,7 +108,10 @@ def test_a_weight_update_between_two_steps_tags_the_tokens_that_follow(setup):
         assert (v0, v1) == (0, 1) and k == 5
         ref = full_forward_logp(hf, prompt, f.token_ids)  # the old weights
         assert (torch.tensor(f.logprobs[:k]) - ref[:k]).abs().max() < 1e-4
-        assert (torch.tensor(f.logprobs[k:]) - ref[k:]).abs().max() > 1e-2
+        # then the new weights over the KV the old ones left: prompt + the first k - 1 tokens
+        kept = kept_kv_logp(hf, new.eval(), prompt, f.token_ids, kept=k - 1)
+        assert (torch.tensor(f.logprobs[k:]) - kept).abs().max() < 1e-4
+        assert (kept - ref[k:]).abs().max() > 1e-2
 
 
 def load_new_weights(engine, tok, seed: int, version: int):
