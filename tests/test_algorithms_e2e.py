@@ -172,3 +172,29 @@ def test_hora_two_phase_gives_the_rest_of_the_budget_only_to_prompts_the_probe_m
         assert sum(k * c for k, c in enumerate(hist)) == r["gen/responses_per_step"] <= N * PROMPTS
         assert len(hist) <= 4 * N + 1  # k_max = 4N
     assert sum(sum(r["hora/alloc_hist"][3:]) for r in rows) > 0  # the second phase ran
+
+
+def test_mugrpo_resumed_mid_stage_trains_the_stages_remaining_prompts_once(tmp_path, tiny_model):
+    """A stage hands out all its steps' prompts at once, so a checkpoint inside it holds
+    prompts handed out and not trained: the resumed run trains them (before, it started a new
+    stage from the stream's position and those prompts were never trained)."""
+    run = tmp_path / "staged"
+    done = run_rlvr(*quick_run_args(run, tiny_model, "algorithm=mugrpo",
+                                    "mugrpo.updates_per_stage=4", "run.steps=6",
+                                    "run.checkpoint_every=2", "run.keep_checkpoints=5",
+                                    "run.eval_every=100"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = json.loads((run / "checkpoints" / "step_000002" / "state.json").read_text())
+    assert len(state["coordinator"]["pending"]) == 2 * PROMPTS  # the stage's steps 3 and 4
+    # as if the learner had died just after step 2's checkpoint
+    for later in ("step_000004", "step_000006"):
+        shutil.rmtree(run / "checkpoints" / later)
+    again = run_rlvr("train", "--resume", str(run))
+    assert again.returncode == 0, again.stderr[-3000:]
+    rows = read_rows(run)
+    assert [r["step"] for r in rows] == list(range(7))
+    final = json.loads((run / "checkpoints" / "step_000006" / "state.json").read_text())
+    trained = [gid for r in rows for gid in r.get("groups/trained_ids", [])]
+    pending = [p["group_id"] for p in final["coordinator"]["pending"]]
+    assert len(trained) == len(set(trained)) == 6 * PROMPTS
+    assert sorted(trained + pending) == sorted(f"g{i}" for i in range(final["data_index"]))
