@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s actor{args.actor_id} %(levelname)s %(message)s")
     cfg = load_config(args.run_dir / "config.yaml", args.overrides)
     torch.set_num_threads(cfg.actors.threads)
+    logging.getLogger("actor").info("torch threads %d", torch.get_num_threads())
     start, seed = claim_start(args.run_dir, args.actor_id, cfg.run.seed)
     logging.getLogger("actor").info("start %d of actor %d: sampling seed %d", start,
                                     args.actor_id, seed)

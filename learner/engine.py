@@ -44,12 +44,30 @@ def build_engine(cfg: Config, model_path: str):
     learning rate is set from the learner step before each update (`set_learning_rate`)."""
     import deepspeed
 
+    model = policy_model(cfg, model_path)
+    optimizer = torch.optim.AdamW(model.parameters(), **adamw_kwargs(cfg))
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                      config=deepspeed_config(cfg))
+    return engine
+
+
+def policy_model(cfg: Config, model_path: str):
+    """The HF model the engine trains: float32 master weights, activations recomputed in the
+    backward pass under learner.grad_checkpointing."""
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     if cfg.learner.grad_checkpointing:
         model.gradient_checkpointing_enable()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr,
-                                  weight_decay=cfg.optim.weight_decay)
-    ds_config = {
+    return model
+
+
+def adamw_kwargs(cfg: Config) -> dict:
+    """The policy's AdamW settings (the rate is set per learner step, `set_learning_rate`)."""
+    return {"lr": cfg.optim.lr, "weight_decay": cfg.optim.weight_decay}
+
+
+def deepspeed_config(cfg: Config) -> dict:
+    """The learner engine's DeepSpeed config."""
+    return {
         "train_micro_batch_size_per_gpu": 1,  # rows are batched by the trainer, not DeepSpeed
         "gradient_accumulation_steps": 1,  # the trainer marks accumulation boundaries itself
         "gradient_clipping": cfg.optim.grad_clip,
@@ -57,8 +75,6 @@ def build_engine(cfg: Config, model_path: str):
         "bf16": {"enabled": cfg.optim.bf16},
         "steps_per_print": 10**9,
     }
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
-    return engine
 
 
 def learning_rate(lr: float, warmup_steps: int, step: int) -> float:

@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger().addHandler(to_file)
     cfg = load_config(args.run_dir / "config.yaml", args.overrides)
     torch.set_num_threads(cfg.learner.threads)
+    logging.getLogger("learner").info("torch threads %d", torch.get_num_threads())
     torch.manual_seed(cfg.run.seed)
     if rank > 0:  # a data-parallel rank: it follows rank 0's plans (learner/ranks.py)
         from learner.engine import init_learner_distributed, leave_distributed

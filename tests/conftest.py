@@ -131,11 +131,12 @@ def assert_admitted_within_bound(rows: list[dict], groups_per_step: int, bound: 
 
 def assert_on_policy(rows: list[dict]) -> None:
     """A sync run's actors sampled with exactly the weights the learner trains: the decoupled
-    weight is 1 (float error) on every step that trained a row, null exactly on the steps that
-    trained none, and at least one step trained (so the check could fail)."""
-    trained = [r for r in rows if r["train/rows_forward"] > 0]
-    assert trained, "no step trained a row: nothing to check"
+    weight is 1 (float error) on every step with a row carrying gradient (a nonzero advantage),
+    null exactly on the steps with none, and at least one step had one (so the check could
+    fail)."""
+    trained = [r for r in rows if r["groups/frac_zero_adv_final"] < 1]
+    assert trained, "no step had a row carrying gradient: nothing to check"
     for r in rows:
-        assert (r["is/w_mean"] is None) == (r["train/rows_forward"] == 0), r["step"]
+        assert (r["is/w_mean"] is None) == (r["groups/frac_zero_adv_final"] == 1), r["step"]
     for r in trained:
         assert abs(r["is/w_mean"] - 1.0) < 1e-3, (r["step"], r["is/w_mean"])

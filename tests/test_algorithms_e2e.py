@@ -94,6 +94,15 @@ def test_aero_trains_on_fewer_rollouts_than_it_generates_within_its_pooled_budge
         assert sum(r[f"aero/frac_{s}"] for s in ("rescue", "low", "high")) == pytest.approx(1)
 
 
+def test_dapo_gives_up_filling_a_step_after_max_gen_batches(tmp_path, tiny_model):
+    rows = train(tmp_path, tiny_model, "dapo1", "algorithm=dapo", "dapo.gen_batch_factor=1.0",
+                 "dapo.max_gen_batches=1")
+    # one generation batch a step, however few of its groups are informative
+    assert all(r["dapo/gen_batches"] == 1 and r["dapo/groups_generated"] == PROMPTS
+               for r in rows)
+    assert any(r["dapo/gave_up"] for r in rows)  # the warm start fails often: steps fall short
+
+
 def test_mugrpo_trains_a_stage_on_frozen_data_with_growing_staleness_and_the_veto(tmp_path,
                                                                                  tiny_model):
     # veto_delta 2 makes every token of a negative response a trigger (its ratio is near 1), so
@@ -129,6 +138,7 @@ def test_hora_with_rloo_allocates_the_step_budget_and_its_statistics_survive_res
     run = tmp_path / "hora"
     args = quick_run_args(run, tiny_model, "algorithm=hora", "loss.advantage=rloo", "mode=sync",
                           "ar3po.reuse_mode=advantage_only", "ar3po.buffer_size=64",
+                          "ar3po.buffer_pick=uniform",  # (under latest the size is refused)
                           "run.steps=2", "run.checkpoint_every=1", "run.eval_every=100",
                           *few_problems(tmp_path))
     first = run_rlvr(*args)

@@ -43,8 +43,11 @@ def test_sync_mode_is_exactly_on_policy(tmp_path, tiny_model, inflight):
 def test_async_mode_advances_actor_versions_within_the_staleness_bound(tmp_path, tiny_model):
     run = tmp_path / "async"
     done = run_rlvr(*quick_run_args(run, tiny_model, "mode=async", "max_staleness=1",
-                                    "run.steps=8", "run.eval_every=100"))
+                                    "run.steps=8", "run.eval_every=100", "actors.threads=2",
+                                    "learner.threads=2"))
     assert done.returncode == 0, done.stderr[-3000:]
+    for log in ("actor-0.log", "learner.log"):  # each process took the threads it was given
+        assert "torch threads 2" in (run / "logs" / log).read_text(), log
     rows = train_rows(read_rows(run))
     assert [r["step"] for r in rows] == list(range(1, 9))
     # no group dropped, and every group was handed out within admission's bound (1)
@@ -57,6 +60,24 @@ def test_async_mode_advances_actor_versions_within_the_staleness_bound(tmp_path,
     # calibrated: 1 +- 0 over 5 runs (tests/README.md)
     record("largest stale/max", max(r["stale/max"] for r in rows), low=0)
     assert max(r["stale/max"] for r in rows) >= 1  # and really ran ahead of the learner
+
+
+def test_weights_published_every_other_step_keep_admission_within_the_bound(tmp_path,
+                                                                          tiny_model):
+    run = tmp_path / "every2"
+    done = run_rlvr(*quick_run_args(run, tiny_model, "mode=async", "max_staleness=1",
+                                    "weight_sync.sync_every=2", "run.steps=8",
+                                    "run.eval_every=100"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = train_rows(read_rows(run))
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    # the actors only ever held the versions published: 0, 2, 4, 6
+    versions = {v for r in rows for v in r["groups/trained_first_versions"]}
+    assert versions and all(v % 2 == 0 for v in versions), versions
+    assert max(versions) >= 4
+    assert [bool(r.get("sync/count")) for r in rows] == [s % 2 == 0 for s in range(1, 9)]
+    # admission counted the actors' (lagging) weights, so no group ran ahead of its slot
+    assert assert_admitted_within_bound(rows, 8, bound=1) == 8 * 8
 
 
 def test_a_group_that_outlives_the_bound_is_trained_and_counted_not_dropped(tmp_path, tiny_model):

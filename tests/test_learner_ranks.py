@@ -180,3 +180,20 @@ def test_a_run_with_two_learner_ranks_trains_checkpoints_and_resumes(tiny_model,
     again = run_rlvr("train", "--resume", str(run), "run.steps=5", timeout_s=400)
     assert again.returncode == 0, again.stderr[-3000:]
     assert [r["step"] for r in read_rows(run)] == [0, 1, 2, 3, 4, 5]
+
+
+def test_gradient_checkpointing_recomputes_the_same_gradient(tiny_model):
+    from learner.engine import policy_model
+    from protocol.config import load_config
+
+    ids = torch.tensor([[3, 9, 14, 27, 8, 5, 11, 2]])
+    grads = {}
+    for on in (False, True):
+        cfg = load_config(TINY, [f"model.path={tiny_model}",
+                                 f"learner.grad_checkpointing={str(on).lower()}"])
+        model = policy_model(cfg, str(tiny_model)).train()
+        assert model.is_gradient_checkpointing == on
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads[on] = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    for a, b in zip(grads[False], grads[True], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
