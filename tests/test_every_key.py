@@ -25,8 +25,6 @@ from pathlib import Path
 
 import pytest
 
-import protocol.algorithm_config as algorithm_config
-import protocol.config as config_module
 from protocol.config import Config, ConfigError, load_config, to_dict, with_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -254,7 +252,7 @@ def key_type(key: str):
     *sections, name = key.split(".")
     for part in sections:
         cls = next(f.default_factory for f in dataclasses.fields(cls) if f.name == part)
-    return typing.get_type_hints(cls, vars(config_module) | vars(algorithm_config))[name]
+    return typing.get_type_hints(cls)[name]
 
 
 def alternatives(key: str, current) -> list[str]:
