@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s actor{args.actor_id} %(levelname)s %(message)s")
-    cfg = load_config(args.run_dir / "config.yaml", args.overrides)
+    cfg = load_config(args.run_dir / "config.yaml", args.overrides, run_folder=True)
     torch.set_num_threads(cfg.actors.threads)
     logging.getLogger("actor").info("torch threads %d", torch.get_num_threads())
     start, seed = claim_start(args.run_dir, args.actor_id, cfg.run.seed)

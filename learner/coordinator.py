@@ -187,6 +187,8 @@ class Coordinator:
         members = [a for a in self.actors.values() if a.rank > 0]
         while members:
             fresh = 0
+            # a lost actor that was only slow may have sent some of these groups since
+            self.reissue = deque(p for p in self.reissue if p.group_id not in self.seen_groups)
             if self.reissue:
                 prompts = [self.reissue.popleft()
                            for _ in range(min(len(self.reissue), self.prompts_per_work))]

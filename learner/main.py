@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         to_file = logging.FileHandler(args.run_dir / "logs" / "learner.log")
         to_file.setFormatter(logging.Formatter(log_format))
         logging.getLogger().addHandler(to_file)
-    cfg = load_config(args.run_dir / "config.yaml", args.overrides)
+    cfg = load_config(args.run_dir / "config.yaml", args.overrides, run_folder=True)
     torch.set_num_threads(cfg.learner.threads)
     logging.getLogger("learner").info("torch threads %d", torch.get_num_threads())
     torch.manual_seed(cfg.run.seed)

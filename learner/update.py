@@ -178,7 +178,10 @@ def policy_update(engine, rows: list[Row], spec: UpdateSpec, pad_id: int,
         t = time.time()
         prox = logp_pass(engine, rows, mine, spec, pad_id)
         if contrasts:
-            prox_gc = _contrast_start(engine, contrasts, mine_gc, spec, pad_id, sums)
+            # a contrast may fall to other ranks in later passes: its margin counts once, on
+            # the rank that has it in the first pass
+            first = {j for s in passes[0] for b in s.gc for j in b}
+            prox_gc = _contrast_start(engine, contrasts, mine_gc, first, spec, pad_id, sums)
         timing["timing/old_logp"] = time.time() - t
     if reference is not None:
         t = time.time()
@@ -199,7 +202,7 @@ def policy_update(engine, rows: list[Row], spec: UpdateSpec, pad_id: int,
     metrics = _metrics(sums, norms, len([i for s in passes[0] for b in s.pg for i in b]), rows,
                        contrasts, engine, spec, pad_id, compute_s, timing)
     metrics["optim/lr"] = lr
-    metrics.update(optimizer_step_staleness(rows, spec, step))
+    metrics.update(optimizer_step_staleness(rows, spec, step, passes))
     if spec.mini_batches > 1:  # by optimizer step, pass after pass: where the clip acts
         clipped, toks = reduced[len(_SUM_KEYS)::2], reduced[len(_SUM_KEYS) + 1::2]
         metrics["mb/clip_frac"] = [c / t if t else None for c, t in zip(clipped, toks)]
@@ -208,28 +211,32 @@ def policy_update(engine, rows: list[Row], spec: UpdateSpec, pad_id: int,
     return metrics
 
 
-def optimizer_step_staleness(rows: list[Row], spec: UpdateSpec, step: int) -> dict:
+def optimizer_step_staleness(rows: list[Row], spec: UpdateSpec, step: int,
+                             passes: list[list[MiniBatch]]) -> dict:
     """Staleness in optimizer steps (policy versions count learner steps): a row sampled by
-    version v and trained in optimizer step k (0-based, pass after pass) of learner step `step`
-    is (step - v) x optimizer_steps + k optimizer steps behind the weights it updates. Over the
+    version v and trained in learner step `step` is (step - v) x optimizer_steps (at most: an
+    earlier learner step whose mini-batches carried no gradient took fewer) plus the optimizer
+    steps this learner step took before the row's own behind the weights it updates. Over the
     fresh rows that carry gradient (reused responses are exempt, as from stale/*)."""
-    behind = []
-    for e in range(spec.epochs):
+    behind, taken = [], 0
+    for e, steps in enumerate(passes):
         sets = mini_batches([r.group_id for r in rows], spec.mini_batches,
                             spec.group_order(step, e))
-        for k, row_set in enumerate(sets):
-            behind += [(step - rows[i].policy_version) * spec.optimizer_steps
-                       + e * spec.mini_batches + k for i in row_set
+        for row_set, s in zip(sets, steps):
+            behind += [(step - rows[i].policy_version) * spec.optimizer_steps + taken
+                       for i in row_set
                        if rows[i].adv != 0 and not getattr(rows[i], "reuse", "")]
+            taken += s.passes > 0
     if not behind:
         return {}
     return {"stale/optimizer_steps_max": max(behind),
             "stale/optimizer_steps_mean": sum(behind) / len(behind)}
 
 
-def _contrast_start(engine, contrasts, mine_gc, spec, pad_id, sums) -> dict[int, list]:
-    """Contrast index -> teacher-forced step-start log-probs of [golden, failures...]; adds
-    their margins (GCPO's `margin` before the step) to `sums`."""
+def _contrast_start(engine, contrasts, mine_gc, counted, spec, pad_id, sums) -> dict[int, list]:
+    """Contrast index -> teacher-forced step-start log-probs of [golden, failures...] for the
+    contrasts `mine_gc`; adds the margins (GCPO's `margin` before the step) of those in
+    `counted` to `sums`."""
     out = {}
     for j in mine_gc:
         rows = contrasts[j].rows()
@@ -239,7 +246,8 @@ def _contrast_start(engine, contrasts, mine_gc, spec, pad_id, sums) -> dict[int,
         old = on_responses(rows, out[j], packed.mask.shape[1])
         _, stats = gcpo_loss(old[:1], old[:1], packed.mask[:1], old[1:], old[1:],
                              packed.mask[1:], spec.gcpo.eps_c, spec.gcpo.form, spec.gcpo.beta_c)
-        sums["gc_margin_start"] += stats["margin"]
+        if j in counted:
+            sums["gc_margin_start"] += stats["margin"]
     return out
 
 

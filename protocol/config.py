@@ -18,7 +18,8 @@ import yaml
 
 from protocol.algorithm_config import (AEROConfig, AR3POConfig, DAPOConfig, GCPOConfig,
                                        HORAConfig, MuGRPOConfig)
-from protocol.config_checks import removed_key_problems, renamed_value_problems, value_problems
+from protocol.config_checks import (inert_problems, removed_key_problems, renamed_value_problems,
+                                    value_problems, without_removed_keys)
 from protocol.config_loader import ConfigError, build, dump, load, read_yaml, to_dict  # noqa: F401
 from protocol.presets import merge_under, preset
 from protocol.sections import (ActorsConfig, Aggregation, Algorithm, LearnerConfig,  # noqa: F401
@@ -103,10 +104,17 @@ class Config:
         return Path(self.run.out_dir) / self.run.name
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
+                run_folder: bool = False, refuse_inert: bool | None = None) -> Config:
     """The YAML at `path` with `overrides` on top and the preset of its `algorithm` underneath
-    (defaults < preset < YAML < overrides)."""
+    (defaults < preset < YAML < overrides). Keys set where they cannot act are refused.
+    `run_folder`: `path` is a run's resolved config.yaml, written when the run began: a key
+    removed since is dropped and keys that newer rules find inert are let through, so a run
+    resumes (or requeues) under the rules it started with. `refuse_inert=False` lets inert keys
+    through anyway (a tool that first resets them, protocol.config_checks.neutral_overrides)."""
     data = read_yaml(Path(path))
+    if run_folder:
+        data = without_removed_keys(data)
     name = data.get("algorithm", "grpo")
     for text in overrides:  # the last `algorithm=` override wins, as in `build`
         key, eq, raw = text.partition("=")
@@ -116,8 +124,12 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
             except yaml.YAMLError:
                 pass  # `build` reports the bad override, naming it
     _refuse_renamed(data, overrides)
-    return build(Config, merge_under(preset(name) if isinstance(name, str) else {}, data),
-                 list(overrides))
+    cfg = build(Config, merge_under(preset(name) if isinstance(name, str) else {}, data),
+                list(overrides))
+    refuse = not run_folder if refuse_inert is None else refuse_inert
+    if refuse and (problems := inert_problems(cfg)):
+        raise ConfigError("\n".join(problems))
+    return cfg
 
 
 def _refuse_renamed(data: dict, overrides) -> None:
@@ -132,7 +144,10 @@ def with_overrides(config: Config, overrides: list[str]) -> Config:
     """`config` with dotted overrides on top. No preset is applied: every key of a built config
     is already explicit, so `algorithm=` here renames the run's algorithm and nothing else."""
     _refuse_renamed({}, overrides)
-    return build(Config, to_dict(config), overrides)
+    cfg = build(Config, to_dict(config), overrides)
+    if problems := inert_problems(cfg):
+        raise ConfigError("\n".join(problems))
+    return cfg
 
 
 def write_resolved(config: Config, run_dir: Path) -> Path:

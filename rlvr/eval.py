@@ -49,7 +49,7 @@ def resolve_target(path: str | Path, config: str | None, overrides: list[str],
         if config:
             raise EvalError(f"{path} is a run folder: its own config.yaml is used (drop --config; "
                             "dotted overrides still apply)")
-        cfg = load_config(path / "config.yaml", overrides)
+        cfg = load_config(path / "config.yaml", overrides, run_folder=True)
         if step is None:
             ckpt = latest_checkpoint(path)
             if ckpt is None:

@@ -164,7 +164,8 @@ def train(config_path: str | None, overrides: list[str], resume_dir: str | None,
             raise ConfigError(f"--resume {run_dir}: no config.yaml there (not a run folder)")
         # the ports of the first launch may be taken by now: pick fresh ones unless overridden
         cfg = load_config(run_dir / "config.yaml",
-                          ["net.zmq_port=0", "net.weights_port=0", "net.master_port=0", *overrides])
+                          ["net.zmq_port=0", "net.weights_port=0", "net.master_port=0", *overrides],
+                          run_folder=True)
     else:
         cfg = load_config(config_path, overrides)
         run_dir = cfg.run_dir if dry_run else run_dir_for(cfg, resume=False)

@@ -177,8 +177,10 @@ def sweep(config: str, overrides: list[str], out: Path, seeds: int | None = None
     axes, fixed = parse_overrides(overrides)
     runs = plan_runs(axes, fixed, seeds)
     steps = {}
-    for r in runs:  # every config is checked before anything starts
-        steps[r.name] = load_config(config, [*r.overrides, *RUN_FIXED]).run.steps
+    for r in runs:  # every config is checked before anything starts (keys a run leaves inert
+        # are set back to their defaults by train_run, as in the benches)
+        steps[r.name] = load_config(config, [*r.overrides, *RUN_FIXED],
+                                    refuse_inert=False).run.steps
     model = shared_model(load_config(config, fixed)) if seeds else []
     plan = {"config": str(config), "axes": axes, "fixed": fixed, "seeds": seeds,
             "slurm": slurm, "runs": [{"name": r.name, "setting": r.setting, "seed": r.seed,

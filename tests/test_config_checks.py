@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.config import ConfigError, load_config, with_overrides
+from protocol.config import ConfigError, load_config, to_dict, with_overrides
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.yaml"
 
@@ -55,6 +55,8 @@ REFUSED = [
      r"'ar3po.buffer_pick' \(uniform\) does nothing with ar3po.reuse_mode off"),
     (["algorithm=ar3po", "ar3po.buffer_size=8"],
      r"'ar3po.buffer_size' \(8\) does nothing with ar3po.buffer_pick latest"),
+    (["loss.kl_kind=k1"], r"'loss.kl_kind' \(k1\) does nothing with loss.kl_beta 0"),
+    (["algorithm=gcpo", "gcpo.beta_c=2"], r"'gcpo.beta_c' \(2.0\) does nothing with gcpo.form gated"),
     (["aero.negative_pick=random"], r"'aero.negative_pick' was removed: .* uniformly random"),
     (["rollout.top_p=0.9"], "'rollout.top_p' must be 1.0 for training"),
     (["rollout.temperature=0"], "'rollout.temperature' must be > 0"),
@@ -155,3 +157,31 @@ def test_a_bad_value_is_refused_by_rlvr_train_before_anything_starts(tmp_path):
         train(str(TINY), [f"run.out_dir={tmp_path}", "weight_sync.sync_every=0"], None,
               dry_run=True)
     assert not any(tmp_path.iterdir())
+
+
+def test_a_run_folder_resumes_under_the_rules_it_started_with(tmp_path):
+    import yaml
+
+    # a resolved config written before aero.negative_pick went and before rollout.group_size
+    # was refused under aero: a new run is refused, the run folder still loads
+    old = load_config(TINY, ["algorithm=aero"])
+    data = yaml.safe_load(yaml.safe_dump(to_dict(old)))
+    data["aero"]["negative_pick"] = "random"
+    data["rollout"]["group_size"] = 16
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="negative_pick"):
+        load_config(path)
+    cfg = load_config(path, run_folder=True)
+    assert cfg.rollout.group_size == 16 and cfg.rollout.policy == "aero"
+
+
+def test_a_tool_running_one_yaml_in_several_modes_sets_the_keys_it_leaves_inert_to_defaults():
+    from protocol.config_checks import neutral_overrides
+
+    shape = Path(__file__).resolve().parents[1] / "configs" / "real-shape-cpu.yaml"
+    with pytest.raises(ConfigError, match="'max_staleness' \\(1\\) does nothing in mode sync"):
+        load_config(shape, ["mode=sync"])
+    reset = neutral_overrides(load_config(shape, ["mode=sync"], refuse_inert=False))
+    assert reset == ["max_staleness=2"]
+    assert load_config(shape, ["mode=sync", *reset]).staleness_bound == 0

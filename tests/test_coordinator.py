@@ -240,3 +240,23 @@ def test_a_checkpoint_keeps_every_prompt_not_yet_taken_and_a_resumed_coordinator
     again = [p for w in recv_all(b0, Work) for p in w.prompts]
     assert again == [prompts[g] for g in ("g3", "g4", "g5", "g6", "g7")]
     b0.close()
+
+
+def test_a_prompt_whose_group_came_back_after_its_actor_was_lost_is_not_handed_out_again(
+        learner):
+    coord = make_coordinator(learner)
+    a0, a1 = join(coord, 0, 100), join(coord, 1, 101)
+    assert coord.sync_weights(0, new_epoch=True)
+    coord.admit(version=0)
+    slow = [p for w in recv_all(a0, Work) for p in w.prompts]
+    recv_all(a1, Work)
+    coord.lose(coord.actors[b"actor-0-100"], "silent")  # only slow: its groups still come
+    a0.send(group_for(slow[0], 0))
+    assert coord.poll(5.0)
+    assert [g.group_id for g in coord.take(1)] == [slow[0].group_id]  # trained
+    coord.admit(version=0)  # the reissue: only the prompt whose group never came
+    again = [p.group_id for w in recv_all(a1, Work) for p in w.prompts]
+    assert again == [slow[1].group_id]
+    assert slow[0].group_id not in [p["group_id"] for p in coord.state_dict()["pending"]]
+    a0.close()
+    a1.close()

@@ -100,6 +100,8 @@ ONE_VALUE = {"rollout.top_p": "rollout.top_p=0.9"}
 # the overrides under which a key can act (elsewhere another value is refused or does nothing)
 WHERE = {
     "stale_downweight": ["stale_policy=downweight"],
+    "loss.kl_kind": ["loss.kl_beta=0.05"],
+    "gcpo.beta_c": ["algorithm=gcpo", "gcpo.form=logsigmoid"],
     "optim.group_order": ["optim.mini_batches=2"],
     "actors.engine": ["actors.kv_cache_gib=1"],
     "rollout.group_size": ["algorithm=grpo"],
@@ -178,13 +180,12 @@ def fingerprint(cfg: Config) -> dict[str, str]:
     from learner.engine import adamw_kwargs, deepspeed_config
     from learner.trainer import generation_batch
     from learner.update import UpdateSpec
-    from protocol.config_checks import config_warnings
     from rlvr.warm_start import warm_start_key
     from tasks.tiny_model import build_tokenizer
 
     tok = build_tokenizer()
     parts = {
-        "update": lambda: UpdateSpec.of(cfg),
+        "update": lambda: probe_update(cfg),
         "optimizer": lambda: (adamw_kwargs(cfg), deepspeed_config(cfg)),
         "rollout": lambda: (rollout_spec(cfg), responses_cap(cfg), generation_batch(cfg)),
         "engine": lambda: engine_kwargs(cfg, 0),
@@ -195,7 +196,7 @@ def fingerprint(cfg: Config) -> dict[str, str]:
         "solutions": lambda: first_solution(cfg, tok),
         "steps": lambda: two_steps(cfg),
         "schedule": lambda: (cfg.staleness_bound, cfg.work_size, cfg.weight_backend,
-                             str(cfg.run_dir), config_warnings(cfg)),
+                             str(cfg.run_dir)),
     }
     out = {}
     for name, part in parts.items():
@@ -204,6 +205,59 @@ def fingerprint(cfg: Config) -> dict[str, str]:
         except Exception as e:  # noqa: BLE001 - a part that fails is part of the print
             out[name] = f"error: {e!r}"
     return out
+
+
+_PROBE: dict = {}
+
+
+def probe_update(cfg: Config) -> tuple:
+    """The update's scalar settings and what one learner step does with them on fixed rows (a
+    1-layer tiny model, plain SGD behind the engine's calls): its metrics and the weights after.
+    The config objects inside UpdateSpec are left out of the print: only their effect counts.
+    Two mini-batches at least, so the ratio leaves 1 and the clip terms can act."""
+    import copy
+    import random
+
+    import torch
+
+    from learner.update import ContrastGroup, LossRow, UpdateSpec, policy_update
+    from tasks.tiny_model import build_model, build_tokenizer
+    from tests.sgd_engine import SGDEngine
+
+    if not _PROBE:
+        torch.manual_seed(0)
+        _PROBE["model"] = build_model(build_tokenizer(), hidden=16, layers=1, heads=2, ffn=32)
+        rng = random.Random(0)
+        rows = []
+        for g in range(4):
+            prompt = [rng.randrange(5, 60) for _ in range(3)]
+            for k in range(4):
+                resp = [rng.randrange(5, 60) for _ in range(rng.randrange(2, 6))]
+                adv = 0.0 if g == 0 else [-1.5, -0.5, 0.5, 1.5][k]
+                behav = [-4.0 + rng.uniform(-2, 2) for _ in resp]  # w far from 1, some > cap
+                reuse = {(1, 0): "policy_recomputed", (2, 0): "direct_replay"}.get((g, k), "")
+                rows.append(LossRow(prompt, resp, behav, adv, 0, group_id=f"g{g}", reuse=reuse))
+        _PROBE["rows"] = rows
+        _PROBE["contrasts"] = [ContrastGroup([7, 8, 9], [10, 11, 2], [[12, 13], [14, 15, 16]])]
+    spec = UpdateSpec.of(cfg)
+    scalars = {k: v for k, v in vars(spec).items() if k not in ("loss", "veto", "gcpo")}
+    spec = dataclasses.replace(spec, mini_batches=max(2, spec.mini_batches),
+                               epochs=max(2, spec.epochs), micro_batch=4)
+    model = copy.deepcopy(_PROBE["model"])
+    reference = copy.deepcopy(model).eval() if spec.loss.kl_beta > 0 else None
+    threads = torch.get_num_threads()
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        torch.set_num_threads(1)  # a tiny model: threads only add their start-up
+        metrics = policy_update(SGDEngine(model, 1.0), _PROBE["rows"],
+                                dataclasses.replace(spec, lr=20.0), 0,
+                                _PROBE["contrasts"], reference, step=3)
+        torch.set_num_threads(threads)
+    timings = [k for k in metrics if k.startswith(("timing/", "perf/"))]
+    shown = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()
+             if k not in timings}
+    weights = round(float(sum(p.detach().double().abs().sum() for p in model.parameters())), 5)
+    return scalars, json.dumps(shown, sort_keys=True, default=str), weights
 
 
 def first_solution(cfg: Config, tok):
@@ -287,7 +341,7 @@ def base_for(key: str, task_files: list[str]) -> list[str]:
 
 def test_every_key_acts_is_pinned_by_a_run_or_has_one_value(task_files):
     keys = leaf_keys()
-    inert = []
+    inert, bases = [], {}
     for key in keys:
         if key in AT_RUN_TIME or key in ONE_VALUE:
             continue
@@ -295,7 +349,9 @@ def test_every_key_acts_is_pinned_by_a_run_or_has_one_value(task_files):
         if key in ARITHMETIC:  # the arithmetic task (task.kind: file against the files)
             overrides = [o for o in overrides if o != "task.kind=file"]
         base = load_config(TINY, overrides)
-        before = fingerprint(base)
+        if tuple(overrides) not in bases:
+            bases[tuple(overrides)] = fingerprint(base)
+        before = bases[tuple(overrides)]
         current = to_dict(base)
         for part in key.split("."):
             current = current[part]

@@ -59,11 +59,19 @@ def train_run(config: str, out_dir: Path, name: str, overrides: list[str],
     benches', `rlvr sweep`'s)."""
     from rlvr.launch import train
     from protocol.config import load_config
+    from protocol.config_checks import neutral_overrides
 
+    # one YAML under several modes or algorithms: keys a variant leaves inert (max_staleness
+    # in mode sync, rollout.group_size under ar3po, ...) go back to their defaults, which
+    # changes nothing the run does and keeps the refusal for a user's own run
+    inert = neutral_overrides(load_config(config, overrides, refuse_inert=False))
+    if inert:
+        print(f"{tag}: {name}: inert here, set to defaults: {' '.join(inert)}", flush=True)
+    overrides = [*overrides, *inert]
     runs = out_dir / "runs"
     run_dir = runs / name
     args = {"config": str(config), "overrides": list(overrides)}
-    steps = load_config(config, overrides).run.steps
+    steps = load_config(config, overrides).run.steps  # refused here if not neutral
     if run_dir.exists():
         if not _same_args(run_dir, args):
             raise BenchError(f"{run_dir} holds a run with other arguments (or none of this "

@@ -69,7 +69,7 @@ def measure_slowdown(run_dir: str | Path, seconds: float = 4.0) -> dict:
     """{"actor_slowdown", "learner_slowdown", "rates"}: rates in work units per second."""
     from protocol.config import load_config, to_dict
 
-    cfg = load_config(Path(run_dir) / "config.yaml")
+    cfg = load_config(Path(run_dir) / "config.yaml", run_folder=True)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs, starts, stops = {}, {}, {}

@@ -53,7 +53,7 @@ def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
     from protocol.config import load_config
     from tasks.prompts import prompt_token_ids
 
-    cfg = load_config(Path(run_dir) / "config.yaml")
+    cfg = load_config(Path(run_dir) / "config.yaml", run_folder=True)
     torch.set_num_threads(cfg.actors.threads)
     engine = make_engine(cfg.actors.engine, cfg.model.path, **engine_kwargs(cfg))
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)

@@ -92,7 +92,7 @@ def measure(run_dir: str | Path, skip_first: int | None = None,
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").exists():
         raise ValueError(f"{run_dir}: no config.yaml (not a run folder)")
-    cfg = load_config(run_dir / "config.yaml")
+    cfg = load_config(run_dir / "config.yaml", run_folder=True)
     rows = read_metrics(run_dir)
     train = [r for r in rows if isinstance(r.get("step"), int) and r["step"] >= 1]
     if len(train) < 5:
