@@ -225,6 +225,18 @@ class Coordinator:
             self.handed.pop(g.group_id, None)
         return taken
 
+    def fault_metrics(self) -> dict:
+        """Cumulative counts of what went wrong and was survived, and the live actors."""
+        stats = self.stats
+        return {"faults/actors_lost": stats["faults/actors_lost"],
+                "faults/actor_restarts": stats["faults/actor_restarts"],
+                "faults/prompts_reissued": stats["faults/prompts_reissued"],
+                "faults/weight_sync_failures": stats["faults/weight_sync_failures"],
+                "faults/late_heartbeats": stats["faults/late_heartbeats"],
+                "faults/weight_group_epoch": self.epoch,
+                "groups/duplicates_ignored": stats["groups/duplicates_ignored"],
+                "actors/live": len(self.actors)}
+
     # -- checkpoint -------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """What a resumed run needs to lose no prompt and repeat none: the prompts handed out

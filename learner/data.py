@@ -9,6 +9,8 @@ the actor allocates the work item's budget by hit utility (ALGORITHMS.md 7.3, 8.
 
 from __future__ import annotations
 
+import math
+
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
@@ -139,3 +141,9 @@ class PromptSource:
         c, f = self.counts(p.prompt_id)
         return msgspec.structs.replace(p, n=self.n, prior_correct=float(c),
                                        prior_incorrect=float(f))
+
+
+def generation_batch(cfg: Config) -> int:
+    """Groups generated per round: a step's prompts, or DAPO's generation batch."""
+    need = cfg.rollout.prompts_per_step
+    return math.ceil(cfg.dapo.gen_batch_factor * need) if cfg.dapo.dynamic_sampling else need

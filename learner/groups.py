@@ -10,6 +10,8 @@ default), kept with its loss scaled by gamma^(staleness - bound) (`downweight`),
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from learner.advantages import drgrpo_advantages, grpo_advantages, rloo_advantages
@@ -192,3 +194,9 @@ def groups_by_actor(groups: list[Group]) -> dict[str, int]:
 def _mean_len(samples: list, acc: bool) -> float | None:
     lengths = [len(s.token_ids) for s in samples if s.acc == acc]
     return float(np.mean(lengths)) if lengths else None
+
+
+def allocation_histogram(groups: list[Group]) -> list[int]:
+    """hora/alloc_hist: entry k = prompts that were allocated k responses this step."""
+    sizes = Counter(len(g.samples) for g in groups)
+    return [sizes[k] for k in range(max(sizes, default=0) + 1)]

@@ -19,11 +19,9 @@ and every response counts as generated.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import time
-from collections import Counter
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -31,9 +29,10 @@ from transformers import AutoTokenizer
 from learner.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from learner.coordinator import Coordinator
 from learner.algorithms import AlgorithmState, build_step
-from learner.data import PromptSource, PromptStream, held_out, rollout_spec
+from learner.data import PromptSource, PromptStream, generation_batch, held_out, rollout_spec
 from learner.engine import build_engine, build_reference, init_learner_distributed, publish_weights
-from learner.groups import engine_load_metrics, group_metrics, group_staleness, is_stale
+from learner.groups import (allocation_histogram, engine_load_metrics, group_metrics,
+                            group_staleness, is_stale)
 from learner.losses import dapo_keep_group
 from learner.ranks import PlanChannel, train_step
 from learner.run_log import RunLog, set_aside_run, write_json_atomic
@@ -347,7 +346,7 @@ class Learner:
             metrics["protocol/rejected"] = sum(self.endpoint.rejected.values())
             metrics.update({f"protocol/rejected/{reason}": n  # cumulative, by codec reason
                             for reason, n in self.endpoint.rejected.items()})
-            metrics.update(self._fault_metrics())
+            metrics.update(self.coord.fault_metrics())
             self.run_log.log(self.step, metrics, policy_version=self.version)
             # after the step's row: a checkpoint at step S always has row S beside it (a kill
             # between the two resumes from the checkpoint before and redoes the row)
@@ -357,18 +356,6 @@ class Learner:
             if self.preempt_requested:  # SIGUSR1 (SLURM's notice before the time limit)
                 self._checkpoint()
                 raise Preempted(self.step)
-
-    def _fault_metrics(self) -> dict:
-        """Cumulative counts of what went wrong and was survived, and the live actors."""
-        stats = self.coord.stats
-        return {"faults/actors_lost": stats["faults/actors_lost"],
-                "faults/actor_restarts": stats["faults/actor_restarts"],
-                "faults/prompts_reissued": stats["faults/prompts_reissued"],
-                "faults/weight_sync_failures": stats["faults/weight_sync_failures"],
-                "faults/late_heartbeats": stats["faults/late_heartbeats"],
-                "faults/weight_group_epoch": self.coord.epoch,
-                "groups/duplicates_ignored": stats["groups/duplicates_ignored"],
-                "actors/live": len(self.coord.actors)}
 
     def request_preemption(self) -> None:
         """Checkpoint after the step in progress and stop (called from a signal handler)."""
@@ -406,18 +393,6 @@ class Learner:
             plot_run(self.run_dir)
         except Exception as e:  # noqa: BLE001 - a plotting failure must not fail the run
             log.warning("plots not written: %s", e)
-
-
-def generation_batch(cfg: Config) -> int:
-    """Groups generated per round: a step's prompts, or DAPO's generation batch."""
-    need = cfg.rollout.prompts_per_step
-    return math.ceil(cfg.dapo.gen_batch_factor * need) if cfg.dapo.dynamic_sampling else need
-
-
-def allocation_histogram(groups: list[Group]) -> list[int]:
-    """hora/alloc_hist: entry k = prompts that were allocated k responses this step."""
-    sizes = Counter(len(g.samples) for g in groups)
-    return [sizes[k] for k in range(max(sizes, default=0) + 1)]
 
 
 __all__ = ["Learner", "group_metrics", "rollout_spec"]

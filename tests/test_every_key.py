@@ -176,9 +176,9 @@ def task_files(tmp_path_factory) -> list[str]:
 def fingerprint(cfg: Config) -> dict[str, str]:
     """What the run derives from `cfg` before any process starts, part by part."""
     from actors.worker import engine_kwargs
-    from learner.data import PromptStream, held_out, responses_cap, rollout_spec
+    from learner.data import (PromptStream, generation_batch, held_out, responses_cap,
+                              rollout_spec)
     from learner.engine import adamw_kwargs, deepspeed_config
-    from learner.trainer import generation_batch
     from learner.update import UpdateSpec
     from rlvr.warm_start import warm_start_key
     from tasks.tiny_model import build_tokenizer
