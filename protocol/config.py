@@ -18,8 +18,8 @@ import yaml
 
 from protocol.algorithm_config import (AEROConfig, AR3POConfig, DAPOConfig, GCPOConfig,
                                        HORAConfig, MuGRPOConfig)
-from protocol.config_checks import (inert_problems, removed_key_problems, renamed_value_problems,
-                                    value_problems, without_removed_keys)
+from protocol.config_checks import renamed_value_problems, value_problems
+from protocol.config_inert import inert_problems, removed_key_problems, without_removed_keys
 from protocol.config_loader import ConfigError, build, dump, load, read_yaml, to_dict  # noqa: F401
 from protocol.presets import merge_under, preset
 from protocol.sections import (ActorsConfig, Aggregation, Algorithm, LearnerConfig,  # noqa: F401
@@ -111,7 +111,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
     `run_folder`: `path` is a run's resolved config.yaml, written when the run began: a key
     removed since is dropped and keys that newer rules find inert are let through, so a run
     resumes (or requeues) under the rules it started with. `refuse_inert=False` lets inert keys
-    through anyway (a tool that first resets them, protocol.config_checks.neutral_overrides)."""
+    through anyway (a tool that first resets them, protocol.config_inert.neutral_overrides)."""
     data = read_yaml(Path(path))
     if run_folder:
         data = without_removed_keys(data)

@@ -24,44 +24,6 @@ RENAMED_VALUES: dict[str, dict[str, str]] = {
 }
 
 
-# dotted key -> why it is gone; refused with that reason rather than as an unknown key
-REMOVED_KEYS: dict[str, str] = {
-    "aero.negative_pick": "it had one value and was read nowhere: AERO's kept negatives are "
-                          "always uniformly random (4.4's 'most informative' states no criterion)",
-}
-
-
-def removed_key_problems(data: dict, overrides) -> list[str]:
-    """Messages for keys that no longer exist, set in the YAML `data` or an override."""
-    found = []
-    for key, why in REMOVED_KEYS.items():
-        value = data
-        for part in key.split("."):
-            value = value.get(part, _ABSENT) if isinstance(value, dict) else _ABSENT
-        if value is not _ABSENT or any(t.partition("=")[0].strip() == key for t in overrides):
-            found.append(f"'{key}' was removed: {why}; delete it")
-    return found
-
-
-_ABSENT = object()
-
-
-def without_removed_keys(data: dict) -> dict:
-    """A copy of `data` (nested dicts) without the removed keys: a run folder written before
-    they went."""
-    import copy
-
-    out = copy.deepcopy(data)
-    for key in REMOVED_KEYS:
-        *sections, name = key.split(".")
-        node = out
-        for part in sections:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(name, None)
-    return out
-
-
 def renamed_value_problems(data: dict, overrides) -> list[str]:
     """Messages for old spellings in effect: the last `a.b=value` override of a key, else its
     value in the YAML `data` (nested dicts). An override with the new value fixes an old file."""
@@ -173,82 +135,6 @@ def value_problems(cfg: Config) -> list[str]:
                      "stale_policy tis without a weight, 0 is drop)")
     return found
 
-
-def inert_problems(cfg: Config) -> list[str]:
-    """Messages for keys set away from their default where the rest of the config never reads
-    them (the run would silently do what it does without them)."""
-    return [message for _, message in inert_keys(cfg)]
-
-
-def neutral_overrides(cfg: Config) -> list[str]:
-    """Overrides that put every inert key back to its default: what a tool that runs one YAML
-    under several modes or algorithms (`rlvr bench`) adds to each variant."""
-    import json
-
-    from protocol.config_loader import to_dict
-
-    defaults = to_dict(type(cfg)())
-    out = []
-    for key, _ in inert_keys(cfg):
-        value = defaults
-        for part in key.split("."):
-            value = value[part]
-        out.append(f"{key}={json.dumps(value)}")  # JSON is YAML
-    return list(dict.fromkeys(out))
-
-
-def inert_keys(cfg: Config) -> list[tuple[str, str]]:
-    """(key, message) for keys set away from their default where the rest of the config never
-    reads them. Refused when a run starts (`load_config`); a run folder resumed under newer
-    rules is let through (`run_folder=True`)."""
-    from protocol.algorithm_config import AR3POConfig, GCPOConfig
-    from protocol.config import Config as Defaults, LossConfig, RolloutConfig
-
-    found, r, loss, ar = [], cfg.rollout, cfg.loss, cfg.ar3po
-    fixed = {"sync": "0", "staged": "mugrpo.updates_per_stage - 1"}.get(cfg.mode)
-    if fixed and cfg.max_staleness not in (Defaults.max_staleness, cfg.staleness_bound):
-        found.append(("max_staleness", f"'max_staleness' ({cfg.max_staleness}) does nothing in mode {cfg.mode}: "
-                     f"its staleness bound is {fixed} ({cfg.staleness_bound})"))
-    if fixed and cfg.stale_policy != Defaults.stale_policy:
-        found.append(("stale_policy", f"'stale_policy' ({cfg.stale_policy}) does nothing in mode "
-                      f"{cfg.mode}: no group comes back staler than the bound, which the mode "
-                      "fixes"))
-    if cfg.stale_downweight != Defaults.stale_downweight and (
-            cfg.stale_policy != "downweight" or fixed):
-        found.append(("stale_downweight", f"'stale_downweight' ({cfg.stale_downweight}) acts only "
-                      f"under stale_policy downweight in mode async (got {cfg.stale_policy}, "
-                      f"mode {cfg.mode})"))
-    if r.group_size != RolloutConfig.group_size and r.policy in ("stop_on_correct", "aero"):
-        spends = "ar3po.stage_sizes" if r.policy == "stop_on_correct" else "aero.n_*"
-        found.append(("rollout.group_size", f"'rollout.group_size' ({r.group_size}) is unused by "
-                      f"rollout.policy {r.policy}, which spends {spends} per prompt"))
-    if loss.old_policy == "behaviour":
-        for key in ("behav_weight_cap", "behav_weight_mode"):
-            if getattr(loss, key) != getattr(LossConfig, key):
-                found.append((f"loss.{key}", f"'loss.{key}' ({getattr(loss, key)}) does nothing "
-                              "under loss.old_policy behaviour: the ratio is to the behaviour "
-                              "policy itself and w = 1"))
-    elif loss.behav_weight_mode == "off" and loss.behav_weight_cap != LossConfig.behav_weight_cap:
-        found.append(("loss.behav_weight_cap", f"'loss.behav_weight_cap' ({loss.behav_weight_cap}) "
-                      "does nothing with loss.behav_weight_mode off (w = 1)"))
-    if loss.kl_beta == 0 and loss.kl_kind != LossConfig.kl_kind:
-        found.append(("loss.kl_kind", f"'loss.kl_kind' ({loss.kl_kind}) does nothing with "
-                      "loss.kl_beta 0 (no KL term)"))
-    gc = cfg.gcpo
-    form_key = {"gated": "beta_c", "logsigmoid": "eps_c"}[gc.form]  # the other form's knob
-    if getattr(gc, form_key) != getattr(GCPOConfig, form_key):
-        found.append((f"gcpo.{form_key}", f"'gcpo.{form_key}' ({getattr(gc, form_key)}) does "
-                      f"nothing with gcpo.form {gc.form}"))
-    if ar.reuse_mode == "off":
-        for key in ("buffer_size", "buffer_pick"):
-            if getattr(ar, key) != getattr(AR3POConfig, key):
-                found.append((f"ar3po.{key}", f"'ar3po.{key}' ({getattr(ar, key)}) does nothing "
-                              "with ar3po.reuse_mode off: no response is reused"))
-    elif ar.buffer_pick == "latest" and ar.buffer_size != AR3POConfig.buffer_size:
-        found.append(("ar3po.buffer_size", f"'ar3po.buffer_size' ({ar.buffer_size}) does nothing "
-                      "with ar3po.buffer_pick latest, which reads only the newest entry (uniform "
-                      "picks among them)"))
-    return found
 
 
 def _shape_problems(cfg: Config) -> list[str]:

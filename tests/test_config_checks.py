@@ -177,7 +177,7 @@ def test_a_run_folder_resumes_under_the_rules_it_started_with(tmp_path):
 
 
 def test_a_tool_running_one_yaml_in_several_modes_sets_the_keys_it_leaves_inert_to_defaults():
-    from protocol.config_checks import neutral_overrides
+    from protocol.config_inert import neutral_overrides
 
     shape = Path(__file__).resolve().parents[1] / "configs" / "real-shape-cpu.yaml"
     with pytest.raises(ConfigError, match="'max_staleness' \\(1\\) does nothing in mode sync"):
