@@ -135,7 +135,7 @@ def build_step(groups: list[Group], state: AlgorithmState, cfg: Config, version:
     batch.metrics = _step_metrics(cfg, state, len(groups), len(batch.rows), len(batch.contrasts),
                                   tally)
     batch.metrics.update(staleness_summary([v for v, _ in tally.fresh_stale],
-                                           min(cfg.staleness_bound, _HIST_BINS),
+                                           min(cfg.admitted_staleness, _HIST_BINS),
                                            weights=[w for _, w in tally.fresh_stale]))
     # the bound (8.2) applies to a response's oldest token, which is at least as stale
     batch.metrics["stale/oldest_token_max"] = float(max(tally.oldest_stale, default=0))
@@ -215,7 +215,7 @@ def _to_loss(g: Group, kept: list[Member], adv: list[float], cfg: Config, versio
                                                  [m.token_ids for m in kept if m.fresh]))
         else:
             tally.n["no_golden"] += 1
-    scale = staleness_weight(group_staleness(g, version), cfg.staleness_bound,
+    scale = staleness_weight(group_staleness(g, version), cfg.admitted_staleness,
                              cfg.stale_policy, cfg.stale_downweight) or 0.0
     for m, a in zip(kept, adv):
         if not m.in_loss:

@@ -219,11 +219,19 @@ class Coordinator:
         slots, so more prompts are handed out in their place."""
         self.slots_taken -= groups
 
-    def take(self, count: int) -> list[Group]:
+    def take(self, count: int, keep_pending: bool = False) -> list[Group]:
+        """Up to `count` returned groups, in arrival order. With `keep_pending` their prompts
+        stay `handed` (a checkpoint keeps them) until `trained` is called: groups that wait at
+        the learner (stale_inject's delay line, ALGORITHMS.md 8.2b) are not trained yet."""
         taken, self.ready = self.ready[:count], self.ready[count:]
-        for g in taken:
-            self.handed.pop(g.group_id, None)
+        if not keep_pending:
+            self.trained([g.group_id for g in taken])
         return taken
+
+    def trained(self, group_ids: list[str]) -> None:
+        """These groups are consumed (trained, filtered or dropped): a checkpoint forgets them."""
+        for group_id in group_ids:
+            self.handed.pop(group_id, None)
 
     def fault_metrics(self) -> dict:
         """Cumulative counts of what went wrong and was survived, and the live actors."""

@@ -3,7 +3,7 @@
 What: the clipped surrogate (§1.3), loss aggregation with step-global denominators (§1.4),
 KL and entropy terms (§1.5-1.6), decoupled-PPO behaviour weights (§8.3), the mu-GRPO
 negative-advantage veto (§5.2-5.3), the GCPO contrastive loss for all-fail groups (§6.2) and
-DAPO's overlong shaping and dynamic-sampling filter (§2). Section numbers are ALGORITHMS.md.
+DAPO's overlong shaping and dynamic-sampling filter (§2), and M2PO's second-moment mask (8.2c). Section numbers are ALGORITHMS.md.
 Why: each is a pure function of tensors and explicit scalars, so the trainer composes them with
 one `match` and the tests check each against a plain reference. Shapes: B responses, T tokens.
 
@@ -188,6 +188,61 @@ def veto_mask(
             )
     dropped = drop & in_loss
     return mask.masked_fill(dropped, 0), trig, dropped
+
+
+def m2po_keep(
+    log_ratio: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    tau: float = 0.04,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """M2PO's second-moment mask (Algorithm 1 of arXiv 2510.01161, ALGORITHMS.md 8.2c).
+
+    log_ratio = log pi_theta - log pi_behav (B, T), detached by the caller; adv (B,); mask
+    (B, T). The trust-region tokens are the loss tokens where PPO's clip could act: A > 0 and
+    r > 1, or A < 0 and r < 1. While the mean of M2 = (log r)^2 over the trust-region tokens
+    left is above `tau`, the one with the largest M2 is masked out. Removing the largest value
+    never raises the mean, so the tokens kept are the m smallest, m the most whose mean is
+    <= tau (found from sorted prefix sums, not token by token). Returns (keep (B, T) bool, False
+    on the masked tokens only; trust (B, T) bool, the trust-region tokens; stats: "tokens" and
+    "masked" counts, "m2_before" and "m2_after" sums of M2 over the trust-region tokens before
+    and after masking, so that sums over micro-batches and ranks divide to means).
+    """
+    if tau <= 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    a = adv[:, None]
+    trust = (mask != 0) & (((a > 0) & (log_ratio > 0)) | ((a < 0) & (log_ratio < 0)))  # (B, T)
+    m2 = log_ratio.detach().double().square()  # (B, T)
+    values = m2[trust]  # (n,)
+    order = torch.argsort(values)  # ascending
+    prefix = torch.cumsum(values[order], dim=0)  # sum of the m smallest, m = 1..n
+    counts = torch.arange(1, len(values) + 1, dtype=prefix.dtype, device=prefix.device)
+    kept_n = int((prefix / counts <= tau).sum())  # the means are nondecreasing in m
+    kept_sorted = torch.arange(len(values), device=values.device) < kept_n
+    kept = torch.empty_like(kept_sorted)
+    kept[order] = kept_sorted
+    keep = torch.ones_like(trust)
+    keep[trust] = kept
+    stats = {"tokens": float(len(values)), "masked": float(len(values) - kept_n),
+             "m2_before": float(values.sum()), "m2_after": float(values[kept].sum())}
+    return keep, trust, stats
+
+
+def m2po_token_loss(
+    logp: torch.Tensor,
+    behav_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    tau: float = 0.04,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """M2PO's per-token loss (ALGORITHMS.md 8.2c): -M r A with r = pi_theta / pi_behav, no clip;
+    M is `m2po_keep`'s mask from this forward's (detached) ratios. Masked tokens give 0 and no
+    gradient but stay in the aggregation's denominators (the paper averages over all tokens, as
+    a clipped token stays in PPO's). Returns (loss (B, T), keep (B, T) bool, stats)."""
+    log_ratio = logp - behav_logp
+    keep, _, stats = m2po_keep(log_ratio.detach(), adv, mask, tau)
+    loss = -adv[:, None].to(logp.dtype) * torch.exp(log_ratio)
+    return torch.where(keep, loss, torch.zeros_like(loss)), keep, stats
 
 
 def _as_row(x: torch.Tensor) -> torch.Tensor:

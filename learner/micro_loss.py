@@ -11,6 +11,8 @@ be used (`LossRow.reuse`):
   A policy-recomputed reused response (8.4) has no valid correction: ratio to pi_prox, w = 1.
   A direct-replay reused response (3.5) is ratioed to its stored log-probs from v_origin, w = 1,
   so the clip acts against the old policy that wrote it.
+Under `loss.trust_region: m2po` (8.2c) the ratio to the behaviour policy is not clipped: the
+tokens M2PO's second-moment mask takes out give 0 and stay in the denominators.
 With `mugrpo.veto_scope` on, the negative-advantage veto (5.2) masks tokens from triggers of
 pi_theta / pi_behav, the current weights (8.4). The KL term (1.5) compares pi_theta with the
 frozen reference's log-probs over the same loss tokens, with the same aggregation.
@@ -30,8 +32,8 @@ import torch
 
 from learner.batch import Row, on_responses, pack, tokens
 from learner.logprobs import model_device, token_logp
-from learner.losses import (aggregate, behaviour_weights, gcpo_loss, kl_penalty, ppo_token_loss,
-                            veto_mask)
+from learner.losses import (aggregate, behaviour_weights, gcpo_loss, kl_penalty, m2po_token_loss,
+                            ppo_token_loss, veto_mask)
 from protocol.config import LossConfig
 
 if TYPE_CHECKING:
@@ -137,8 +139,14 @@ def pg_loss(model, rows_k: list[Row], prox_k, ref_k, spec: UpdateSpec, pad_id: i
     prox = _proximal(rows_k, prox_k, logp)
     old, w, truncated, mask, trig, dropped = loss_masks(logp.detach(), prox, packed, rows_k, lc,
                                                         spec.veto)
-    loss_tok, c_low, c_high = ppo_token_loss(logp, old, packed.adv, lc.clip_low, lc.clip_high,
-                                             lc.dual_clip)
+    if lc.trust_region == "m2po":  # no clip: the second-moment mask bounds the ratio (8.2c)
+        loss_tok, _, m2 = m2po_token_loss(logp, old, packed.adv, mask, lc.m2po_tau)
+        c_low = c_high = torch.zeros_like(mask, dtype=torch.bool)
+        for key in ("tokens", "masked", "m2_before", "m2_after"):
+            sums[f"m2po_{key}"] += m2[key]
+    else:
+        loss_tok, c_low, c_high = ppo_token_loss(logp, old, packed.adv, lc.clip_low,
+                                                 lc.clip_high, lc.dual_clip)
 
     def agg(values: torch.Tensor) -> torch.Tensor:
         return aggregate(values, mask, lc.aggregation, den.num_seqs, den.num_tokens,

@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -103,10 +104,12 @@ class Learner:
         self.coord = Coordinator(self.endpoint,
                                  PromptSource(cfg, self.prompts, self.algo.prompt_counts),
                                  rollout_spec(cfg), G, cfg.work_size,
-                                 cfg.staleness_bound, slots_taken=self.version * G)
+                                 cfg.admitted_staleness, slots_taken=self.version * G)
         if coordinator_state is not None:  # the prompts handed out and not trained go first
             self.coord.load_state_dict(coordinator_state)
         self.stage_end = self.stage_version = self.stage_start = self.step  # mode=staged
+        # stale_inject K: gathered steps waiting K steps to be trained (filled at the first)
+        self.line: deque[tuple] = deque()
         # the version the actors hold (the last one published): admission counts from it, since
         # under weight_sync.sync_every > 1 they sample up to sync_every - 1 versions behind
         self.actors_version = self.version
@@ -234,7 +237,7 @@ class Learner:
         t0 = time.time()
         while True:
             self._admit()
-            for g in coord.take(rounds * batch - len(generated)):
+            for g in coord.take(rounds * batch - len(generated), keep_pending=c.stale_inject > 0):
                 self.algo.observe(g)
                 if is_stale(g, self.version, c.staleness_bound, c.stale_policy):
                     dropped.append(g)
@@ -265,6 +268,27 @@ class Learner:
             info.update({"dapo/groups_generated": len(generated), "dapo/groups_filtered": filtered,
                          "dapo/groups_surplus": len(generated) - filtered - len(kept),
                          "dapo/gen_batches": rounds, "dapo/gave_up": int(len(kept) < need)})
+        return kept, generated, dropped, info
+
+    def _next_batch(self) -> tuple[list[Group], list[Group], list[Group], dict]:
+        """`_gather`'s step of groups; under stale_inject K (ALGORITHMS.md 8.2b) the step
+        gathered K steps ago, through a delay line: the first step of a run (or of a resume)
+        gathers K + 1 steps' groups with its weights (admission lets them out: the bound is
+        raised by K), every later step one more, and each step trains the oldest. So the first
+        K steps train the start's data at staleness 0, 1, .. K - 1, and from then on every group
+        trains K versions after the step that gathered it. The groups in the line stay pending in
+        the coordinator: a checkpoint keeps their prompts, and a resume fills the line anew."""
+        k = self.cfg.stale_inject
+        if not k:
+            return self._gather()
+        t0 = time.time()
+        while len(self.line) <= k:
+            self.line.append((self.version, *self._gather()))
+        gathered_at, kept, generated, dropped, info = self.line.popleft()
+        self.coord.trained([g.group_id for g in [*generated, *dropped]])
+        info = {**info, "perf/learner_idle_s": time.time() - t0,
+                "stale/injected": self.version - gathered_at,
+                "stale/line_groups": sum(len(entry[2]) for entry in self.line)}
         return kept, generated, dropped, info
 
     def _goldens(self, groups: list[Group]) -> dict[str, list[int]]:
@@ -306,7 +330,7 @@ class Learner:
             self.run_log.log(0, {**self._evaluate(), "time_s": 0.0}, policy_version=0)
         while self.step < c.run.steps:
             t_step = time.time()
-            groups, generated, dropped, metrics = self._gather()
+            groups, generated, dropped, metrics = self._next_batch()
             batch = build_step(groups, self.algo, c, self.version, self.step,
                                self._goldens(groups))
             metrics.update(group_metrics(generated, dropped, trained=groups))
@@ -382,8 +406,10 @@ class Learner:
         self.coord.shutdown(self.version, reason)
         self._close_weight_group()
         self.weight_store = None
-        self.run_log.summary({"restarted_without_checkpoint": self.restarted}
-                             if self.restarted else None)
+        extra = {"restarted_without_checkpoint": self.restarted} if self.restarted else {}
+        if self.cfg.stale_inject:  # gathered, still in the delay line when the run ended
+            extra["stale_inject_untrained_groups"] = sum(len(e[2]) for e in self.line)
+        self.run_log.summary(extra or None)
         self.run_log.close()
         self.verifier.close()
         self.endpoint.close()

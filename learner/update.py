@@ -334,6 +334,15 @@ def _metrics(sums, norms, rows_forward, rows, contrasts, engine, spec, pad_id, c
             "veto/resp_frac": sums["neg_triggered"] / max(sums["neg_rows"], 1.0),
             "veto/triggers": int(sums["triggers"]),
         })
+    if spec.loss.trust_region == "m2po":  # 8.2c: M2 means over the trust-region tokens
+        trust = sums["m2po_tokens"]
+        metrics.update({
+            "m2po/masked_frac": per_token(sums["m2po_masked"]),
+            "m2po/trust_frac": per_token(trust),
+            "m2po/m2_before": sums["m2po_m2_before"] / trust if trust else None,
+            "m2po/m2_after": (sums["m2po_m2_after"] / (trust - sums["m2po_masked"])
+                              if trust > sums["m2po_masked"] else None),
+        })
     if contrasts:
         rank, world = rank_and_world()
         mine = [j for j in range(len(contrasts))][rank::world]
@@ -353,7 +362,8 @@ def _metrics(sums, norms, rows_forward, rows, contrasts, engine, spec, pad_id, c
 _SUM_KEYS = ("loss", "clip_low", "clip_high", "w", "w_trunc", "entropy", "tokens", "train_tokens",
              "vetoed", "neg_tokens", "neg_rows", "neg_triggered", "triggers", "kl", "kl_tokens",
              "gc_loss",
-             "gc_margin", "gc_margin_start", "gc_closed", "gc_seen")
+             "gc_margin", "gc_margin_start", "gc_closed", "gc_seen",
+             "m2po_tokens", "m2po_masked", "m2po_m2_before", "m2po_m2_after")
 
 
 def grad_norm_of(module) -> float:

@@ -50,6 +50,12 @@ class Config:
     says so). Async only: sync and staged runs fix the bound and nothing comes back staler."""
     stale_downweight: float = 0.5
     """Under stale_policy downweight: a group's loss factor per version over the bound (0, 1)."""
+    stale_inject: int = 0
+    """Injected staleness K (ALGORITHMS.md 8.2b), for measuring how stale an objective can
+    train: the learner trains each group K versions after the version that sampled it (a delay
+    line at the learner; admission lets the actors run K steps further ahead). During the first
+    K steps after a start or a resume the line fills: the oldest groups train, sampled with the
+    start's weights, at staleness 0, 1, .. K. 0 = off. Not with mode staged."""
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
@@ -85,6 +91,13 @@ class Config:
                 return self.mugrpo.updates_per_stage - 1
             case _:
                 return self.max_staleness
+
+    @property
+    def admitted_staleness(self) -> int:
+        """The staleness admission hands work out to and consumption holds groups to: the
+        mode's bound, plus the delay `stale_inject` adds (a group waits K versions at the
+        learner, so the actors may run K steps further ahead)."""
+        return self.staleness_bound + self.stale_inject
 
     @property
     def work_size(self) -> int:

@@ -130,6 +130,12 @@ def value_problems(cfg: Config) -> list[str]:
     found += _loss_problems(cfg)
     found += _weight_sync_problems(cfg)
     found += _update_problems(cfg)
+    if cfg.stale_inject < 0:
+        found.append(f"'stale_inject' must be >= 0 (0 = off), got {cfg.stale_inject}")
+    if cfg.stale_inject and cfg.mode == "staged":
+        found.append(f"'stale_inject' ({cfg.stale_inject}) is refused in mode staged: a Mu-GRPO "
+                     "stage already fixes each update's staleness (update u trains on data u "
+                     "versions old); inject into mode sync or async")
     if not 0 < cfg.stale_downweight < 1:
         found.append(f"'stale_downweight' must be in (0, 1), got {cfg.stale_downweight} (1 is "
                      "stale_policy tis without a weight, 0 is drop)")
@@ -218,6 +224,13 @@ def _loss_problems(cfg: Config) -> list[str]:
         found.append(f"'loss.dual_clip' must be > 1 or null, got {loss.dual_clip}")
     if not loss.behav_weight_cap > 0:
         found.append(f"'loss.behav_weight_cap' must be > 0, got {loss.behav_weight_cap}")
+    if not loss.m2po_tau > 0:
+        found.append(f"'loss.m2po_tau' must be > 0, got {loss.m2po_tau} (0 would mask every "
+                     "trust-region token)")
+    if loss.trust_region == "m2po" and loss.old_policy != "behaviour":
+        found.append("'loss.trust_region' m2po needs loss.old_policy behaviour (got "
+                     f"{loss.old_policy}): M2PO bounds the ratio to the policy that sampled the "
+                     "data, with no proximal policy and no behaviour weight")
     return found
 
 

@@ -116,6 +116,15 @@ def inert_keys(cfg: Config) -> list[tuple[str, str]]:
     elif loss.behav_weight_mode == "off" and loss.behav_weight_cap != LossConfig.behav_weight_cap:
         found.append(("loss.behav_weight_cap", f"'loss.behav_weight_cap' ({loss.behav_weight_cap}) "
                       "does nothing with loss.behav_weight_mode off (w = 1)"))
+    if loss.trust_region == "m2po":
+        for key in ("clip_low", "clip_high", "dual_clip"):
+            if getattr(loss, key) != getattr(LossConfig, key):
+                found.append((f"loss.{key}", f"'loss.{key}' ({getattr(loss, key)}) does nothing "
+                              "with loss.trust_region m2po: M2PO masks tokens instead of "
+                              "clipping the ratio"))
+    elif loss.m2po_tau != LossConfig.m2po_tau:
+        found.append(("loss.m2po_tau", f"'loss.m2po_tau' ({loss.m2po_tau}) does nothing with "
+                      "loss.trust_region clip"))
     if loss.kl_beta == 0 and loss.kl_kind != LossConfig.kl_kind:
         found.append(("loss.kl_kind", f"'loss.kl_kind' ({loss.kl_kind}) does nothing with "
                       "loss.kl_beta 0 (no KL term)"))

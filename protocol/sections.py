@@ -174,6 +174,14 @@ class LossConfig:
     behav_weight_mode: Literal["truncate", "mask", "off"] = "truncate"
     """Decoupled PPO weight: truncate at C, mask tokens above C, or off (w = 1). Both keys act
     only under old_policy proximal (under behaviour w = 1)."""
+    trust_region: Literal["clip", "m2po"] = "clip"
+    """How the update is kept near the policy that sampled the data: 'clip' = the PPO clip
+    (clip_low, clip_high, dual_clip); 'm2po' = M2PO's second-moment mask (ALGORITHMS.md 8.2c):
+    no clip, the ratio to the behaviour policy times the advantage, with the trust-region tokens
+    of largest (log r)^2 masked until their mean is <= m2po_tau. Needs old_policy behaviour."""
+    m2po_tau: float = 0.04
+    """M2PO's threshold on the mean (log pi_theta - log pi_behav)^2 of the trust-region tokens
+    left in the loss (the paper's 0.04 in every experiment)."""
     kl_beta: float = 0.0
     """KL penalty coefficient (ALGORITHMS.md 1.5) against the reference policy: a frozen copy of
     the initial weights (model.path, also after a resume), kept on each learner rank (under

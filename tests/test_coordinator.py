@@ -260,3 +260,22 @@ def test_a_prompt_whose_group_came_back_after_its_actor_was_lost_is_not_handed_o
     assert slow[0].group_id not in [p["group_id"] for p in coord.state_dict()["pending"]]
     a0.close()
     a1.close()
+
+
+def test_groups_held_in_the_delay_line_stay_pending_until_trained(learner):
+    # stale_inject: the learner takes a group when it arrives but trains it K steps later; a
+    # checkpoint in between must keep its prompt, or a resume would lose it
+    coord = make_coordinator(learner, max_staleness=1)
+    a0 = join(coord, 0, 100)
+    assert coord.sync_weights(0, new_epoch=True)
+    coord.admit(version=0)
+    prompts = {p.group_id: p for w in recv_all(a0, Work) for p in w.prompts}
+    for gid in ("g0", "g1"):
+        a0.send(group_for(prompts[gid], 0))
+        assert coord.poll(5.0)
+    held = coord.take(2, keep_pending=True)
+    assert [g.group_id for g in held] == ["g0", "g1"] and coord.ready == []
+    assert [p["group_id"] for p in coord.state_dict()["pending"]][:2] == ["g0", "g1"]
+    coord.trained(["g0"])
+    assert [p["group_id"] for p in coord.state_dict()["pending"]][:2] == ["g1", "g2"]
+    a0.close()

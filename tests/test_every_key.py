@@ -101,6 +101,8 @@ ONE_VALUE = {"rollout.top_p": "rollout.top_p=0.9"}
 WHERE = {
     "stale_downweight": ["stale_policy=downweight"],
     "loss.kl_kind": ["loss.kl_beta=0.05"],
+    "loss.trust_region": ["loss.old_policy=behaviour"],
+    "loss.m2po_tau": ["loss.old_policy=behaviour", "loss.trust_region=m2po"],
     "gcpo.beta_c": ["algorithm=gcpo", "gcpo.form=logsigmoid"],
     "optim.group_order": ["optim.mini_batches=2"],
     "actors.engine": ["actors.kv_cache_gib=1"],
@@ -195,7 +197,7 @@ def fingerprint(cfg: Config) -> dict[str, str]:
             PromptStream(cfg, tok, keep_solutions=True), range(24))],
         "solutions": lambda: first_solution(cfg, tok),
         "steps": lambda: two_steps(cfg),
-        "schedule": lambda: (cfg.staleness_bound, cfg.work_size, cfg.weight_backend,
+        "schedule": lambda: (cfg.staleness_bound, cfg.admitted_staleness, cfg.work_size, cfg.weight_backend,
                              str(cfg.run_dir)),
     }
     out = {}

@@ -40,7 +40,7 @@ class ScriptedCoordinator:
     def __init__(self, groups: list[Group]):
         self.ready, self.released = list(groups), 0
 
-    def take(self, count: int) -> list[Group]:
+    def take(self, count: int, keep_pending: bool = False) -> list[Group]:
         taken, self.ready = self.ready[:count], self.ready[count:]
         return taken
 
