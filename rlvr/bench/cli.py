@@ -5,6 +5,8 @@
     rlvr bench weights [CONFIG] [--big-mb 64,256] [--rounds 5] [--receivers N]
     rlvr bench transport [CONFIG] [--messages 2000] [--step-s S]
     rlvr bench plan CONFIG [--staleness 0,1,2,4]     the planner's predictions against real runs
+    rlvr bench staleness CONFIG [--inject 0,4,16,64] [--objectives naive,decoupled,mugrpo,m2po]
+                         [--seeds 3]               final accuracy against injected staleness
     rlvr bench generation [CONFIG] [--models tiny,real-shape] [--engines hf,vllm] [--prompts P]
                           [--samples N] [--tokens T] [--rounds R]
     rlvr bench realshape [CONFIG (default configs/real-shape-cpu.yaml)]
@@ -72,6 +74,12 @@ def bench(args) -> int:
                 generation.run(args.config, out, _with_steps(overrides, args.steps),
                                _names(args.models), _names(args.engines), args.prompts,
                                args.samples, args.tokens, args.rounds)
+            case "staleness":
+                from rlvr.bench import staleness
+
+                staleness.run(args.config, out, overrides, args.steps,
+                              [int(k) for k in _names(args.inject)], list(_names(args.objectives)),
+                              args.seeds)
             case "realshape":
                 from rlvr.bench import realshape
 
@@ -102,6 +110,16 @@ def _check_bench_args(args) -> None:
         unknown = [m for m in _names(args.modes) if m not in MODES]
         if unknown or not _names(args.modes):
             refuse(f"--modes: unknown {unknown}; choose from {list(MODES)}")
+    if args.kind == "staleness":
+        from rlvr.bench.staleness import OBJECTIVES
+
+        unknown = [o for o in _names(args.objectives) if o not in OBJECTIVES]
+        if unknown or not _names(args.objectives):
+            refuse(f"--objectives: unknown {unknown}; choose from {list(OBJECTIVES)}")
+        if not all(k.isdigit() for k in _names(args.inject)) or not _names(args.inject):
+            refuse(f"--inject: staleness values >= 0, comma-separated, not {args.inject!r}")
+        if args.seeds < 1:
+            refuse("--seeds must be >= 1")
     if args.kind == "plan":
         if not all(s.isdigit() for s in _names(args.staleness)) or not _names(args.staleness):
             refuse(f"--staleness: bounds >= 0, comma-separated, not {args.staleness!r}")
@@ -147,7 +165,7 @@ def add_cli(sub) -> None:
     from rlvr.bench.throughput import DEFAULT_MODES, MODES
 
     b = sub.add_parser("bench", help="benchmarks: efficiency, throughput, weights, transport, "
-                                     "memory, plan, generation, realshape")
+                                     "memory, plan, staleness, generation, realshape")
     kinds = b.add_subparsers(dest="kind", required=True)
     for kind, needs_config, what in [
             ("efficiency", True, "responses generated and accuracy per algorithm"),
@@ -155,6 +173,7 @@ def add_cli(sub) -> None:
             ("weights", False, "weight broadcast bandwidth vs a memory copy"),
             ("transport", False, "ZeroMQ + codec messages/s and their share of a step"),
             ("plan", True, "rlvr plan's predicted steps/min against measured runs"),
+            ("staleness", True, "final accuracy against injected staleness per objective"),
             ("generation", False, "HF vs vLLM generation tokens/s and weight update time"),
             ("realshape", False, "a few RL steps of a Qwen2.5-0.5B-shaped model: step and "
                                  "sync time, peak memory per process")]:
@@ -185,6 +204,12 @@ def add_cli(sub) -> None:
     p.add_argument("--staleness", default="0,1,2,4",
                    help="async runs' max_staleness values, comma-separated (the sync run is "
                         "always trained: it is the measurement)")
+    st = kinds.choices["staleness"]
+    st.add_argument("--inject", default="0,4,16,64",
+                    help="injected staleness values K (stale_inject), comma-separated")
+    st.add_argument("--objectives", default="naive,decoupled,mugrpo,m2po",
+                    help="comma-separated of naive, decoupled, mugrpo, m2po")
+    st.add_argument("--seeds", type=int, default=3, help="seeds per cell (run.seed 0..K-1)")
     g = kinds.choices["generation"]
     g.add_argument("--models", default="tiny,real-shape", help="comma-separated: tiny, real-shape")
     g.add_argument("--engines", default="hf,vllm", help="comma-separated: hf, vllm")

@@ -1,0 +1,182 @@
+"""`rlvr bench staleness`: how stale each objective can train (docs/ALGORITHMS.md 8.2b-8.2d).
+
+    rlvr bench staleness configs/tiny-cpu.yaml mode=sync --inject 0,4,16,64 \\
+        --objectives naive,decoupled,mugrpo,m2po --seeds 3 [--steps N] [--out DIR]
+
+For every objective and seed, an `rlvr sweep` over `stale_inject` (K) in
+`DIR/<objective>/seed<s>/`, every run from the same warm-started model (resumable as any sweep:
+finished runs are reused, and a larger --seeds adds seeds to an earlier curve). Each run trains every
+group K versions after the version that sampled it (after a K-step warm-up in which the delay line
+fills). Then one table and one plot over all cells: final `eval/avg@8` and `eval/pass@8` (mean
+and spread over seeds) against K per objective, the drop from the objective's own K = 0, and
+per cell the share of tokens the trust region took out (`pg/clip_frac`, `m2po/masked_frac`,
+`veto/token_frac_all`), `is/w_mean`, `is/w_truncated_frac` and the staleness trained
+(`stale/mean`), each averaged over the run's steps. Written to DIR/staleness.md,
+DIR/results.json and DIR/staleness_eval_avg_at_8.png (and _pass_at_8).
+
+The objectives differ only in their loss keys; every other key is the config's:
+  naive      the PPO clip on pi_theta / pi_behav, no proximal policy, no behaviour weight
+  decoupled  decoupled PPO (the default loss): clip around pi_prox, w = pi_prox / pi_behav
+  mugrpo     Mu-GRPO's ratio to pi_behav, relaxed clip [0, 5] and the negative-advantage veto
+  m2po       M2PO: no clip, the second-moment mask on pi_theta / pi_behav (tau 0.04)
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import yaml
+
+from learner.run_log import read_metrics
+from rlvr.bench.common import BenchError, fmt, markdown_table, write_results
+
+OBJECTIVES: dict[str, list[str]] = {
+    "naive": ["loss.old_policy=behaviour"],
+    "decoupled": ["loss.old_policy=proximal"],
+    "mugrpo": ["loss.old_policy=behaviour", "loss.clip_low=1.0", "loss.clip_high=4.0",
+               "mugrpo.veto_scope=suffix"],
+    "m2po": ["loss.old_policy=behaviour", "loss.trust_region=m2po"],
+}
+# per-step metrics averaged over a run: what the trust region took and what staleness it saw
+TRAINING_MEANS = ("pg/clip_frac", "m2po/masked_frac", "veto/token_frac_all", "is/w_mean",
+                  "is/w_truncated_frac", "stale/mean")
+FINAL = ("eval/avg@8", "eval/pass@8")
+
+
+def run(config: str, out: Path, overrides: list[str], steps: int | None, inject: list[int],
+        objectives: list[str], seeds: int) -> dict:
+    from protocol.config import load_config
+    from rlvr.bench.common import shared_model
+    from rlvr.sweep import sweep
+
+    unknown = [o for o in objectives if o not in OBJECTIVES]
+    if unknown or not objectives:
+        raise BenchError(f"--objectives: unknown {unknown}; choose from {list(OBJECTIVES)}")
+    fixed = [*overrides, *([f"run.steps={steps}"] if steps else [])]
+    model = shared_model(load_config(config, fixed, refuse_inert=False))  # one start for all
+    axis = [f"stale_inject={','.join(str(k) for k in inject)}"]
+    # seed by seed, so that an interrupted curve is balanced and more seeds extend it: each
+    # (objective, seed) is a sweep over K of its own, DIR/<objective>/seed<s>/
+    for seed in range(seeds):
+        for name in objectives:
+            folder = out / name / f"seed{seed}"
+            if sweep(config, [*model, *fixed, *OBJECTIVES[name], f"run.seed={seed}", *axis],
+                     folder) is None:
+                raise BenchError(f"the {name} sweep in {folder} did not finish")
+    runs = [(name, *run_cell(d)) for name in objectives for seed in range(seeds)
+            for d in sorted((out / name / f"seed{seed}" / "runs").iterdir()) if d.is_dir()]
+    results = {"config": str(config), "overrides": overrides, "steps": steps, "inject": inject,
+               "objectives": {o: OBJECTIVES[o] for o in objectives}, "seeds": seeds,
+               "cells": reduce_cells(runs)}
+    write_results(out, results)
+    text = report(results)
+    (out / "staleness.md").write_text(text)
+    print(text, flush=True)
+    for path in plot(results, out):
+        print(path)
+    return results
+
+
+def run_cell(run_dir: Path) -> tuple[int, int, list[dict]]:
+    """(K, seed, metric rows) of one finished run, K and seed read from its resolved config."""
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    return int(cfg.get("stale_inject", 0)), int(cfg["run"]["seed"]), read_metrics(run_dir)
+
+
+def _last(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+    return float(values[-1]) if values else None
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if isinstance(v, (int, float))]
+    return sum(values) / len(values) if values else None
+
+
+def reduce_cells(runs: list[tuple[str, int, int, list[dict]]]) -> dict:
+    """objective -> K -> {final metric: {mean, std, n, seeds}, training means, drop_points}.
+    `drop_points` is 100 x (the objective's mean final eval/avg@8 at its smallest K minus this
+    K's): how much accuracy the staleness cost, in points."""
+    cells: dict[str, dict[int, dict]] = {}
+    for objective, k, seed, rows in runs:
+        cell = cells.setdefault(objective, {}).setdefault(k, {"seeds": [], "runs": []})
+        cell["seeds"].append(seed)
+        cell["runs"].append(rows)
+    out: dict[str, dict[int, dict]] = {}
+    for objective, by_k in cells.items():
+        out[objective] = {}
+        for k in sorted(by_k):
+            runs_k = by_k[k]["runs"]
+            cell = {"seeds": sorted(by_k[k]["seeds"])}
+            for key in FINAL:
+                finals = [v for v in (_last(rows, key) for rows in runs_k) if v is not None]
+                cell[key] = {"mean": _mean(finals), "n": len(finals),
+                             "std": statistics.stdev(finals) if len(finals) > 1 else None,
+                             "values": finals}
+            training = [[r for r in rows if r.get("step", 0) > 0] for rows in runs_k]
+            for key in TRAINING_MEANS:
+                cell[key] = _mean([_mean([r.get(key) for r in rows]) for rows in training])
+            out[objective][k] = cell
+        base = out[objective][min(out[objective])]["eval/avg@8"]["mean"]
+        for cell in out[objective].values():
+            now = cell["eval/avg@8"]["mean"]
+            cell["drop_points"] = None if None in (base, now) else 100 * (base - now)
+    return out
+
+
+def tolerance(cells_of_objective: dict, points: float = 2.0) -> int | None:
+    """The largest K before the first K whose final eval/avg@8 fell more than `points` below
+    the objective's smallest K (None when even the next K past the smallest fell)."""
+    ks = sorted(cells_of_objective)
+    safe = None
+    for k in ks:
+        drop = cells_of_objective[k]["drop_points"]
+        if drop is not None and drop > points:
+            break
+        safe = k
+    return safe
+
+
+def report(results: dict) -> str:
+    cells = results["cells"]
+    headers = ["objective", "K", "seeds", "eval/avg@8", "drop (pts)", "eval/pass@8",
+               "clip frac", "m2po masked", "veto frac", "is/w_mean", "w truncated",
+               "stale/mean"]
+    rows = []
+    for objective, by_k in cells.items():
+        for k, c in by_k.items():
+            def spread(key: str) -> str:
+                m, s = c[key]["mean"], c[key]["std"]
+                return fmt(m, 3) + ("" if s is None else f" ± {s:.3f}")
+
+            rows.append([objective, str(k), str(len(c["seeds"])), spread("eval/avg@8"),
+                         fmt(c["drop_points"], 1), spread("eval/pass@8"),
+                         fmt(c["pg/clip_frac"], 4), fmt(c["m2po/masked_frac"], 4),
+                         fmt(c["veto/token_frac_all"], 4), fmt(c["is/w_mean"], 3),
+                         fmt(c["is/w_truncated_frac"], 4), fmt(c["stale/mean"], 1)])
+    lines = [f"# Staleness tolerance: {results['config']} {' '.join(results['overrides'])}", "",
+             markdown_table(headers, rows),
+             "Largest K within 2 points of the objective's K = 0 (final eval/avg@8, mean over "
+             "seeds):"]
+    for objective, by_k in cells.items():
+        lines.append(f"- {objective}: K = {fmt(tolerance(by_k))}")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, out: Path) -> list[Path]:
+    from rlvr.bench.plots import _axes, _save
+
+    paths = []
+    for key in FINAL:
+        fig, ax = _axes(f"Final {key} against injected staleness (mean ± std over seeds)",
+                        "injected staleness K (versions)", key)
+        for i, (objective, by_k) in enumerate(results["cells"].items()):
+            ks = [k for k in by_k if by_k[k][key]["mean"] is not None]
+            ax.errorbar(ks, [by_k[k][key]["mean"] for k in ks],
+                        yerr=[by_k[k][key]["std"] or 0.0 for k in ks], marker="o", capsize=3,
+                        color=f"C{i}", label=objective)
+        ax.set_xscale("symlog", linthresh=1)
+        ax.legend()
+        paths.append(_save(fig, out / f"staleness_{key.split('/')[1].replace('@', '_at_')}.png"))
+    return paths
