@@ -135,6 +135,26 @@ def test_plan_predicts_the_run_itself_and_recommends_a_split_per_budget(tmp_path
     assert "recommended split per GPU budget" in text and "| 4 | 1 | async S=2 |" in text
 
 
+def test_a_staleness_curve_names_the_objectives_safe_at_each_splits_staleness(tmp_path):
+    from rlvr.plan.report import safe_objectives, safe_staleness
+
+    curve = tmp_path / "results.json"  # as `rlvr bench staleness` writes it (keys as strings)
+    curve.write_text(json.dumps({"cells": {
+        "naive": {"0": {"drop_points": 0.0}, "4": {"drop_points": 3.0}},
+        "m2po": {"0": {"drop_points": 0.0}, "4": {"drop_points": 0.5},
+                 "16": {"drop_points": 1.9}}}}))
+    safe = safe_staleness(str(curve))
+    assert safe == {"naive": 0, "m2po": 16}
+    assert safe_objectives(0, safe) == "naive, m2po"
+    assert safe_objectives(3, safe) == "m2po"
+    assert safe_objectives(17, safe) == "none"
+    result = plan(write_sync_run(tmp_path / "run"), actors=[1], ranks=[1], staleness=[0, 2],
+                  steps=100, seeds=1)
+    result.update(staleness_curve=str(curve), safe_staleness=safe)
+    text = report(result)
+    assert "objectives safe at it" in text and "naive 0, m2po 16" in text
+
+
 def test_recommend_prefers_less_staleness_among_equals():
     rows = [{"actors": 2, "learner_ranks": 1, "max_staleness": 4, "steps_per_min": 100.0},
             {"actors": 2, "learner_ranks": 1, "max_staleness": 1, "steps_per_min": 99.0},

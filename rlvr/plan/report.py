@@ -3,6 +3,7 @@
     rlvr plan runs/sync [--actors 1,2,4,8] [--learner-ranks 1,2] [--max-staleness 0,1,2,4]
                         [--inflight-update finish,continue,abort,recompute] [--gpus N] [--steps 400]
                         [--seeds 3] [--allreduce-s X] [--out DIR]
+                        [--staleness-curve runs/bench/staleness/results.json]
 
 For every combination, the simulator (rlvr/plan/sim.py) plays the run's schedule with A actors
 and R learner ranks, each on a device of its own, the generation model fitted to the run
@@ -14,7 +15,9 @@ staleness reached. Beside it, max(G / A, T) is the overlap bound most back-of-en
 by what the schedule costs (admission, stages, waits at weight syncs), and can exceed it when
 actors batch more requests at once than the measured run did. For each GPU budget in the table
 (one device per actor and per learner rank) it recommends the split with the most steps/min, the
-least staleness among equals.
+least staleness among equals. With --staleness-curve, a column names the objectives whose
+measured tolerance (`rlvr bench staleness`: the largest injected K within 2 points of K = 0)
+covers each split's predicted staleness.
 
 What the model assumes (separate devices, as on a cluster): actors never slow the learner or
 each other; R ranks share an update perfectly (plus --allreduce-s per update); the broadcast
@@ -129,13 +132,17 @@ def report(result: dict) -> str:
     c, run = result["costs"], result["run_split"]
     base = next((r["steps_per_min"] for r in result["rows"] if r["actors"] == 1
                  and r["learner_ranks"] == 1 and r["max_staleness"] == 0), None)
+    safe = result.get("safe_staleness")  # objective -> largest K within 2 points, or None
     rows = [[r["actors"], r["learner_ranks"], _mode(r), r["steps_per_min"],
              r["steps_per_min"] / base if base else None, r["bound_steps_per_min"],
              r["learner_busy_frac"], r["actor_busy_frac"], f"{r['sync_s_per_step']:.3f}",
-             f"{r['stale_mean']:.2f}", r["stale_max"]] for r in result["rows"]]
+             f"{r['stale_mean']:.2f}", r["stale_max"],
+             *([safe_objectives(r["stale_max"], safe)] if safe else [])]
+            for r in result["rows"]]
     table = markdown_table(["actors", "learner ranks", "schedule", "steps/min",
                             "x 1+1 sync", "max(G/A,T) bound", "learner busy", "actor busy",
-                            "sync s/step", "stale mean", "stale max"], rows)
+                            "sync s/step", "stale mean", "stale max",
+                            *(["objectives safe at it"] if safe else [])], rows)
     head = (f"measured in {result['run_dir']} ({run['mode']}, {run['actors']} actor(s), "
             f"{run['learner_ranks']} learner rank(s)): G = {c['G_s']:.3f} s of generation per "
             f"step on one actor, T = {c['T_s']:.3f} s of learner work (update "
@@ -145,6 +152,10 @@ def report(result: dict) -> str:
                     f"{_mode(r)}: {r['steps_per_min']:.1f} steps/min"
                     for b, r in result["recommended"].items())
     notes = "".join(f"note: {n}\n" for n in result["notes"])
+    if safe:
+        notes += ("staleness curve " + result["staleness_curve"] + ": largest K within 2 points "
+                  "of K = 0 " + ", ".join(f"{o} {'-' if k is None else k}"
+                                          for o, k in safe.items()) + "\n")
     mach = result.get("machine") or {}
     if mach.get("shared_cores") is not None:
         notes += (f"machine: actors and learner ranks share {mach['shared_cores']:g} cores "
@@ -154,6 +165,20 @@ def report(result: dict) -> str:
         notes += "machine: every actor and learner rank on a device of its own (a cluster)\n"
     return f"{head}{notes}\n{table}\nrecommended split per GPU budget (one device per actor " \
            f"and per learner rank):\n{rec}\n"
+
+
+def safe_staleness(curve_path: str) -> dict[str, int | None]:
+    """objective -> the largest injected staleness whose final eval/avg@8 stayed within 2
+    points of K = 0, from `rlvr bench staleness`'s results.json."""
+    from rlvr.bench.staleness import tolerance
+
+    cells = json.loads(Path(curve_path).read_text())["cells"]
+    return {o: tolerance({int(k): c for k, c in by_k.items()}) for o, by_k in cells.items()}
+
+
+def safe_objectives(stale_max: float, safe: dict[str, int | None]) -> str:
+    """The objectives whose measured safe range covers a split's predicted staleness."""
+    return ", ".join(o for o, k in safe.items() if k is not None and stale_max <= k) or "none"
 
 
 def run(args) -> int:
@@ -189,6 +214,9 @@ def run(args) -> int:
     except ValueError as e:
         print(f"rlvr plan: {e}", flush=True)
         return 2
+    if args.staleness_curve:
+        result["staleness_curve"] = args.staleness_curve
+        result["safe_staleness"] = safe_staleness(args.staleness_curve)
     print(report(result))
     out = Path(args.out) if args.out else Path(args.run_dir) / "plan"
     out.mkdir(parents=True, exist_ok=True)
@@ -218,4 +246,6 @@ def add_cli(sub) -> None:
                    help="with --shared-cores: actor[,learner] slowdown while another process "
                         "computes (python -m rlvr.plan.contention RUN_DIR measures them)")
     p.add_argument("--out", help="folder for plan.json (default RUN_DIR/plan)")
+    p.add_argument("--staleness-curve", help="results.json of `rlvr bench staleness`: show "
+                   "which objectives stay within 2 points at each split's staleness")
     p.set_defaults(func=run)
