@@ -12,7 +12,7 @@ and spread over seeds) against K per objective, the drop from the objective's ow
 per cell the share of tokens the trust region took out (`pg/clip_frac`, `m2po/masked_frac`,
 `veto/token_frac_all`), `is/w_mean`, `is/w_truncated_frac` and the staleness trained
 (`stale/mean`), each averaged over the run's steps. Written to DIR/staleness.md,
-DIR/results.json and DIR/staleness_eval_avg_at_8.png (and _pass_at_8).
+DIR/results.json and DIR/staleness_avg_at_8.png (and _pass_at_8).
 
 The objectives differ only in their loss keys; every other key is the config's:
   naive      the PPO clip on pi_theta / pi_behav, no proximal policy, no behaviour weight
