@@ -179,9 +179,9 @@ def run_actor(cfg: Config, actor_id: int, seed: int = 0) -> int:
             if syncs and serve_syncs(cfg.actors.inflight_update, rollouts, weights, syncs,
                                      cfg.actors.abort_limit):
                 log.info("weights of version %s in, %d decode steps after the sync was announced "
-                         "(%s); %d samples decoding", weights.version,
+                         "(%s); %d samples decoding; at decode step %d", weights.version,
                          rollouts.decode_steps - announced_at, cfg.actors.inflight_update,
-                         len(engine.running()))
+                         len(engine.running()), rollouts.decode_steps)
                 syncs = []
                 if weights.version is None:
                     last_beat = 0.0  # beat now: the learner is sorting out who is alive
