@@ -3,7 +3,8 @@
 What: the clipped surrogate (§1.3), loss aggregation with step-global denominators (§1.4),
 KL and entropy terms (§1.5-1.6), decoupled-PPO behaviour weights (§8.3), the mu-GRPO
 negative-advantage veto (§5.2-5.3), the GCPO contrastive loss for all-fail groups (§6.2) and
-DAPO's overlong shaping and dynamic-sampling filter (§2), and M2PO's second-moment mask (8.2c). Section numbers are ALGORITHMS.md.
+DAPO's overlong shaping and dynamic-sampling filter (§2), and M2PO's second-moment mask (§8.2c).
+Section numbers are docs/ALGORITHMS.md's.
 Why: each is a pure function of tensors and explicit scalars, so the trainer composes them with
 one `match` and the tests check each against a plain reference. Shapes: B responses, T tokens.
 

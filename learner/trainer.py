@@ -22,7 +22,6 @@ import logging
 import os
 import socket
 import time
-from collections import deque
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -31,7 +30,9 @@ from learner.checkpoint import latest_checkpoint, load_checkpoint, rng_state, sa
 from learner.coordinator import Coordinator
 from learner.algorithms import AlgorithmState, build_step
 from learner.data import PromptSource, PromptStream, generation_batch, held_out, rollout_spec
+from learner.delay_line import DelayLine, GatheredStep
 from learner.engine import build_engine, build_reference, init_learner_distributed, publish_weights
+from learner.goldens import Goldens
 from learner.groups import (allocation_histogram, engine_load_metrics, group_metrics,
                             group_staleness, is_stale)
 from learner.losses import dapo_keep_group
@@ -39,7 +40,6 @@ from learner.ranks import PlanChannel, train_step
 from learner.run_log import RunLog, set_aside_run, write_json_atomic
 from protocol.config import Config, to_dict
 from protocol.config_checks import config_warnings
-from protocol.messages import Group
 from protocol.transport import LearnerEndpoint
 from protocol.weights import WeightGroup, WeightSyncError, announce_sync, host_store
 from tasks.evaluation import evaluate
@@ -47,8 +47,6 @@ from tasks.sampling import HFSampler
 from tasks.verifier import Verifier
 
 log = logging.getLogger(__name__)
-
-_MAX_GOLDENS = 65536  # verified golden trajectories cached per prompt id (GCPO)
 
 
 class Preempted(Exception):
@@ -108,8 +106,8 @@ class Learner:
         if coordinator_state is not None:  # the prompts handed out and not trained go first
             self.coord.load_state_dict(coordinator_state)
         self.stage_end = self.stage_version = self.stage_start = self.step  # mode=staged
-        # stale_inject K: gathered steps waiting K steps to be trained (filled at the first)
-        self.line: deque[tuple] = deque()
+        self.delay_line = (DelayLine(cfg.stale_inject, self._gather, self.coord.trained)
+                           if cfg.stale_inject else None)
         # the version the actors hold (the last one published): admission counts from it, since
         # under weight_sync.sync_every > 1 they sample up to sync_every - 1 versions behind
         self.actors_version = self.version
@@ -121,7 +119,7 @@ class Learner:
         self.weights: WeightGroup | None = None
         self.sync_waits: list[float] = []  # learner waits of the syncs since the last step logged
         self._no_actors_since: float | None = None
-        self.goldens: dict[str, list[int] | None] = {}
+        self.goldens = Goldens(self.prompts, self.verifier, self.tokenizer)  # GCPO
         self._write_processes()
         self.run_log = RunLog(run_dir, to_dict(cfg), wandb_mode=cfg.run.wandb,
                               progress=cfg.run.progress, total_steps=cfg.run.steps,
@@ -220,7 +218,7 @@ class Learner:
             self.stage_end = self.step + length
         self.coord.admit(self.stage_version, self.stage_end - self.stage_start - 1)
 
-    def _gather(self) -> tuple[list[Group], list[Group], list[Group], dict]:
+    def _gather(self) -> GatheredStep:
         """Wait until a step's worth of fresh-enough (DAPO: informative) groups is ready.
         Returns them, every other group generated for the step (DAPO's filtered and surplus
         ones included), the groups dropped as too stale, and counts.
@@ -268,49 +266,7 @@ class Learner:
             info.update({"dapo/groups_generated": len(generated), "dapo/groups_filtered": filtered,
                          "dapo/groups_surplus": len(generated) - filtered - len(kept),
                          "dapo/gen_batches": rounds, "dapo/gave_up": int(len(kept) < need)})
-        return kept, generated, dropped, info
-
-    def _next_batch(self) -> tuple[list[Group], list[Group], list[Group], dict]:
-        """`_gather`'s step of groups; under stale_inject K (ALGORITHMS.md 8.2b) the step
-        gathered K steps ago, through a delay line: the first step of a run (or of a resume)
-        gathers K + 1 steps' groups with its weights (admission lets them out: the bound is
-        raised by K), every later step one more, and each step trains the oldest. So the first
-        K steps train the start's data at staleness 0, 1, .. K - 1, and from then on every group
-        trains K versions after the step that gathered it. The groups in the line stay pending in
-        the coordinator: a checkpoint keeps their prompts, and a resume fills the line anew."""
-        k = self.cfg.stale_inject
-        if not k:
-            return self._gather()
-        t0 = time.time()
-        while len(self.line) <= k:
-            self.line.append((self.version, *self._gather()))
-        gathered_at, kept, generated, dropped, info = self.line.popleft()
-        self.coord.trained([g.group_id for g in [*generated, *dropped]])
-        info = {**info, "perf/learner_idle_s": time.time() - t0,
-                "stale/injected": self.version - gathered_at,
-                "stale/line_groups": sum(len(entry[2]) for entry in self.line)}
-        return kept, generated, dropped, info
-
-    def _goldens(self, groups: list[Group]) -> dict[str, list[int]]:
-        """Verified golden trajectories (token ids) of the all-fail groups, for GCPO."""
-        if self.cfg.gcpo.coef == 0:
-            return {}
-        out = {}
-        for g in groups:
-            known = self.prompts.pop_solution(g.group_id)
-            if known is None or any(s.acc for s in g.samples):
-                continue
-            if g.prompt_id not in self.goldens:
-                answer, solution = known
-                ok = solution is not None and self.verifier.score([solution], [answer])[0]
-                if len(self.goldens) >= _MAX_GOLDENS:
-                    self.goldens.clear()
-                self.goldens[g.prompt_id] = (
-                    self.tokenizer(solution, add_special_tokens=False).input_ids
-                    + [self.tokenizer.eos_token_id] if ok else None)
-            if self.goldens[g.prompt_id]:
-                out[g.group_id] = self.goldens[g.prompt_id]
-        return out
+        return GatheredStep(self.version, kept, generated, dropped, info)
 
     def _publishes(self) -> bool:
         c = self.cfg
@@ -330,9 +286,12 @@ class Learner:
             self.run_log.log(0, {**self._evaluate(), "time_s": 0.0}, policy_version=0)
         while self.step < c.run.steps:
             t_step = time.time()
-            groups, generated, dropped, metrics = self._next_batch()
+            gathered = (self.delay_line.next(self.version) if self.delay_line
+                        else self._gather())  # stale_inject K: the step gathered K steps ago
+            groups, generated, dropped = gathered.kept, gathered.generated, gathered.dropped
+            metrics = gathered.info
             batch = build_step(groups, self.algo, c, self.version, self.step,
-                               self._goldens(groups))
+                               self.goldens.of(groups))
             metrics.update(group_metrics(generated, dropped, trained=groups))
             load, self.engine_loads = engine_load_metrics([*generated, *dropped], self.engine_loads)
             metrics.update(load)
@@ -407,8 +366,8 @@ class Learner:
         self._close_weight_group()
         self.weight_store = None
         extra = {"restarted_without_checkpoint": self.restarted} if self.restarted else {}
-        if self.cfg.stale_inject:  # gathered, still in the delay line when the run ended
-            extra["stale_inject_untrained_groups"] = sum(len(e[2]) for e in self.line)
+        if self.delay_line:  # gathered, still in the line when the run ended
+            extra["stale_inject_untrained_groups"] = self.delay_line.waiting_groups()
         self.run_log.summary(extra or None)
         self.run_log.close()
         self.verifier.close()

@@ -51,11 +51,12 @@ class Config:
     stale_downweight: float = 0.5
     """Under stale_policy downweight: a group's loss factor per version over the bound (0, 1)."""
     stale_inject: int = 0
-    """Injected staleness K (ALGORITHMS.md 8.2b), for measuring how stale an objective can
+    """Injected staleness K (docs/ALGORITHMS.md 8.2b), for measuring how stale an objective can
     train: the learner trains each group K versions after the version that sampled it (a delay
-    line at the learner; admission lets the actors run K steps further ahead). During the first
+    line at the learner, learner/delay_line.py; admission lets the actors run K steps further
+    ahead). During the first
     K steps after a start or a resume the line fills: the oldest groups train, sampled with the
-    start's weights, at staleness 0, 1, .. K. 0 = off. Not with mode staged."""
+    start's weights, at staleness 0, 1, .. K - 1. 0 = off. Not with mode staged."""
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)

@@ -55,7 +55,8 @@ def gather(cfg: Config, arrivals: list[Group], version: int):
     learner = SimpleNamespace(cfg=cfg, coord=ScriptedCoordinator(arrivals), version=version,
                               gen_batch=cfg.rollout.prompts_per_step, algo=AlgorithmState(cfg),
                               _admit=lambda: None, _keep_actors=lambda: None)
-    return (*Learner._gather(learner), learner.coord)
+    step = Learner._gather(learner)
+    return step.kept, step.generated, step.dropped, step.info, learner.coord
 
 
 def test_a_stale_dropped_group_counts_in_the_steps_generation_cost():
