@@ -88,6 +88,9 @@ def group_metrics(groups: list[Group], dropped: list[Group] = (),
         # versions inside one response: > 0 when it was decoded across a weight update (8.1)
         "gen/version_spread_max": max(spreads, default=0),
         "gen/version_spread_mean": float(np.mean(spreads)) if spreads else 0.0,
+        # responses a sync reached mid-decode: under `recompute` each was interrupted and its
+        # partial re-prefilled with the new weights, under `continue` decoded on over old KV
+        "gen/responses_across_syncs": sum(spread > 0 for spread in spreads),
         "groups/frac_all_fail_raw": sum(not any(a) for a in accs) / n,
         "groups/frac_all_correct_raw": sum(all(a) for a in accs) / n,
         "reward/acc_mean": float(np.mean([s.acc for s in samples])) if samples else 0.0,

@@ -281,4 +281,5 @@ def test_generated_tokens_include_aborted_samples_and_version_spread_is_reported
     assert m["gen/aborted_tokens"] == 5 and m["gen/aborted_samples"] == 2
     assert m["gen/tokens_saved_first_correct"] == 3
     assert m["gen/version_spread_max"] == 2 and m["gen/version_spread_mean"] == pytest.approx(0.5)
+    assert m["gen/responses_across_syncs"] == 1  # the one with two version runs
     assert m["gen/responses_per_prompt"] == 2  # aborted samples are not responses
