@@ -14,6 +14,7 @@
     rlvr slurm submit CONFIG [a.b=value ...] --nodes N [--actors-per-node A] [--hetjob] [--dry-run]
     rlvr slurm status JOBID                           job state and progress from the run folder
     rlvr keys DIR [--force]                           CurveZMQ keys for a non-loopback learner
+    rlvr data check CONFIG [a.b=value ...]            the task's rows and model folder, no run
     rlvr bench efficiency CONFIG [--seeds K] [--steps N] [--out DIR] [a.b=value ...]
     rlvr bench throughput CONFIG [--steps N] [--out DIR] [a.b=value ...]
     rlvr bench weights|transport [CONFIG] [--out DIR] [a.b=value ...]
@@ -105,6 +106,10 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("dir", help="folder to write the learner and actor keypairs into")
     k.add_argument("--force", action="store_true", help="replace keys already in DIR")
     k.set_defaults(func=_keys)
+
+    from rlvr.data_check import add_cli as add_data_cli
+
+    add_data_cli(sub)  # rlvr data check CONFIG
 
     from rlvr.bench.cli import add_cli as add_bench_cli
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from protocol.config import Config, ConfigError, load_config, write_resolved
 from protocol.config_checks import config_warnings
+from rlvr.data_check import preflight
 
 
 def ephemeral_ports() -> tuple[int, int]:
@@ -177,6 +178,7 @@ def train(config_path: str | None, overrides: list[str], resume_dir: str | None,
         return 0
     for warning in config_warnings(cfg):  # the learner's log says it again
         print(f"warning: {warning}", file=sys.stderr, flush=True)
+    preflight(cfg)  # bad rows and model folders stop the run here, before any process starts
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cfg = resolve(cfg, log=lambda line: print(line, flush=True))
     return launch(cfg, run_dir, resume=bool(resume_dir))

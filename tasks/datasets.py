@@ -116,8 +116,8 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, int, Any]]:
             where = f"{path} line {line_no}"
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{where}: not valid JSON ({e.msg})") from None
+            except json.JSONDecodeError as e:  # the row is bad, the scan goes on
+                row = DatasetError(f"{where}: not valid JSON ({e.msg})")
             yield where, line_no, row
 
 
@@ -132,13 +132,14 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, int, Any]]:
         yield f"{path} row {row_no}", row_no, row
 
 
-def load_problems(
+def scan_problems(
     path: str | Path,
     prompt_field: str = "prompt",
     answer_field: str = "answer",
     solution_field: str = "solution",
-) -> list[Problem]:
-    """All problems of a `.jsonl` or `.parquet` file; the first bad row raises `DatasetError`."""
+) -> tuple[list[Problem], list[str]]:
+    """Every good row's problem and every bad row's message, in file order (`rlvr data check`
+    shows them all). A file that cannot be read at all raises `DatasetError`."""
     path = Path(path)
     match path.suffix.lower():
         case ".jsonl":
@@ -149,10 +150,30 @@ def load_problems(
             raise DatasetError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl or .parquet)")
     if not path.is_file():
         raise DatasetError(f"{path}: no such file")
-    problems = [
-        problem_from_row(row, where, f"{path.stem}:{n}", prompt_field, answer_field, solution_field)
-        for where, n, row in rows(path)
-    ]
+    problems, bad = [], []
+    for where, n, row in rows(path):
+        try:
+            if isinstance(row, DatasetError):
+                raise row
+            problems.append(problem_from_row(row, where, f"{path.stem}:{n}", prompt_field,
+                                             answer_field, solution_field))
+        except DatasetError as e:
+            bad.append(str(e))
+    return problems, bad
+
+
+def load_problems(
+    path: str | Path,
+    prompt_field: str = "prompt",
+    answer_field: str = "answer",
+    solution_field: str = "solution",
+) -> list[Problem]:
+    """All problems of a `.jsonl` or `.parquet` file; a bad row raises `DatasetError` (the
+    first one's message, with how many more there are)."""
+    problems, bad = scan_problems(path, prompt_field, answer_field, solution_field)
+    if bad:
+        more = f" (and {len(bad) - 1} more bad rows: rlvr data check lists them)" if bad[1:] else ""
+        raise DatasetError(bad[0] + more)
     if not problems:
         raise DatasetError(f"{path}: no problems in file")
     return problems

@@ -1,0 +1,155 @@
+"""`rlvr data check CONFIG`: the task's problem files and model folder, checked without starting
+a run. `rlvr train` runs the same checks before any process starts and refuses the run, naming
+the key and the first bad rows, where a learner would otherwise fail after the processes
+started (a traceback from the learner's log, with actors already sampling).
+
+Checked, for `task.kind: file`, in `task.train_path` and `task.eval_path`:
+- every row: the prompt and answer fields present and of the right type (tasks/datasets.py);
+- every answer: parseable by math-verify, the reward's verifier (an answer it cannot parse
+  scores every response 0, so the prompt can never teach anything);
+and for `model.path` when it is set: a folder with a config transformers can read, of an
+architecture it can load as a causal LM, and a tokenizer.
+
+    rlvr data check configs/my-task.yaml [a.b=value ...]    counts, then the first bad rows
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from protocol.config import Config, ConfigError, load_config
+from tasks.datasets import DatasetError, scan_problems
+
+SHOWN = 5  # bad rows printed per file
+
+
+@dataclass
+class FileReport:
+    key: str  # the config key naming the file
+    path: str
+    good: int = 0
+    bad: list[str] = field(default_factory=list)  # one message per bad row, in file order
+
+
+def answer_parses(answer: str) -> bool:
+    """Whether math-verify reads the reference answer (tasks/verifier.py's math_equal)."""
+    from math_verify import parse
+
+    return bool(parse("$" + answer + "$"))
+
+
+def check_file(key: str, path: str, cfg: Config) -> FileReport:
+    t = cfg.task
+    report = FileReport(key, path)
+    try:
+        problems, report.bad = scan_problems(path, t.prompt_field, t.answer_field,
+                                             t.solution_field)
+    except DatasetError as e:
+        report.bad = [str(e)]
+        return report
+    parses = {a: answer_parses(a) for a in {p.answer for p in problems}}  # ~2 ms an answer
+    for p in problems:
+        if parses[p.answer]:
+            report.good += 1
+        else:
+            report.bad.append(f"{path} ({p.prompt_id}): answer {p.answer[:60]!r} is not "
+                              f"parseable by math-verify: every response would score 0")
+    if not problems and not report.bad:
+        report.bad.append(f"{path}: no problems in file")
+    return report
+
+
+def check_files(cfg: Config) -> list[FileReport]:
+    t = cfg.task
+    if t.kind != "file":
+        return []  # the built-in task makes its own problems
+    files = [("task.train_path", t.train_path)]
+    if t.eval_path and t.eval_path != t.train_path:
+        files.append(("task.eval_path", t.eval_path))
+    return [check_file(key, path, cfg) for key, path in files]
+
+
+def check_model(cfg: Config) -> str | None:
+    """What is wrong with `model.path`, in one line, or None (also when it is unset: the
+    built-in task warm-starts its own model)."""
+    path = cfg.model.path
+    if not path:
+        return None
+    if not Path(path).is_dir():
+        return f"model.path {path}: no such folder (a Hugging Face model folder is expected)"
+    if not (Path(path) / "config.json").is_file():
+        return f"model.path {path}: no config.json (not a Hugging Face model folder)"
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - transformers raises several types here
+        return f"model.path {path}: config.json unreadable: {_one_line(e)}"
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return (f"model.path {path}: model_type {getattr(config, 'model_type', '?')!r} is not an "
+                f"architecture transformers can load as a causal LM")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001
+        return f"model.path {path}: no loadable tokenizer: {_one_line(e)}"
+    # without tokenizer files transformers still builds one, of a single token
+    if len(tokenizer) < 2:
+        return f"model.path {path}: no loadable tokenizer (no tokenizer files in the folder)"
+    embedded = getattr(config, "vocab_size", None)
+    if embedded is not None and len(tokenizer) > embedded:
+        return (f"model.path {path}: the tokenizer has {len(tokenizer)} tokens, the model "
+                f"embeds {embedded}")
+    return None
+
+
+def _one_line(e: Exception) -> str:
+    text = " ".join(str(e).split())
+    return text[:200] + ("..." if len(text) > 200 else "")
+
+
+def preflight(cfg: Config) -> None:
+    """`rlvr train`'s check before any process starts: raises ConfigError naming the key and
+    the first bad row."""
+    problem = check_model(cfg)
+    if problem:
+        raise ConfigError(problem)
+    for r in check_files(cfg):
+        if r.bad:
+            more = f" (and {len(r.bad) - 1} more: rlvr data check lists them)" if r.bad[1:] else ""
+            raise ConfigError(f"{r.key}: {r.bad[0]}{more}")
+
+
+def data_check(config: str, overrides: list[str]) -> int:
+    cfg = load_config(config, overrides)
+    failed = False
+    problem = check_model(cfg)
+    print(problem or (f"model.path {cfg.model.path}: ok" if cfg.model.path else
+                      "model.path: unset (the built-in task warm-starts the tiny model)"))
+    failed |= problem is not None
+    reports = check_files(cfg)
+    if not reports:
+        print(f"task.kind {cfg.task.kind}: built in, no files to check")
+    for r in reports:
+        print(f"{r.key} {r.path}: {r.good} good rows, {len(r.bad)} bad")
+        for line in r.bad[:SHOWN]:
+            print(f"  {line}")
+        if len(r.bad) > SHOWN:
+            print(f"  ... and {len(r.bad) - SHOWN} more")
+        failed |= bool(r.bad)
+    return 1 if failed else 0
+
+
+def add_cli(sub) -> None:
+    d = sub.add_parser("data", help="check a task's data and model without starting a run")
+    dsub = d.add_subparsers(dest="data_command", required=True)
+    c = dsub.add_parser("check", help="validate every row of the task's files, and model.path")
+    c.add_argument("config")
+    c.add_argument("overrides", nargs="*", help="dotted overrides a.b=value")
+    c.set_defaults(func=lambda args: data_check(args.config, args.overrides))
+
+
+if __name__ == "__main__":
+    sys.exit(data_check(sys.argv[1], sys.argv[2:]))
