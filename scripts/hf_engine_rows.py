@@ -27,19 +27,22 @@ from rlvr.warm_start import ensure_warm_start
 
 
 def measure(engine: HFEngine, prompts: list[list[int]], rows: int, steady: bool,
-            max_new_tokens: int, steps: int = 150) -> tuple[float, float]:
-    """(tokens/s, mean rows per decode step)."""
+            max_new_tokens: int, steps: int = 150, rounds: int = 5) -> tuple[float, float]:
+    """(tokens/s, mean rows per decode step). `batch` runs `rounds` batches back to back: one
+    lasts well under a second at 32 rows, too short to time alone."""
     engine.max_batch = rows
-    for i in range(rows):
-        engine.add(i, prompts[i % len(prompts)], max_new_tokens)
-    next_id, tokens, done_steps, t0 = rows, 0, 0, time.perf_counter()
-    while engine.unfinished() and (not steady or done_steps < steps):
-        finished = engine.step()
-        done_steps += 1
-        tokens += engine.last_step_rows
-        for _ in finished if steady else ():
+    next_id, tokens, done_steps, t0 = 0, 0, 0, time.perf_counter()
+    for _ in range(1 if steady else rounds):
+        for _ in range(rows):
             engine.add(next_id, prompts[next_id % len(prompts)], max_new_tokens)
             next_id += 1
+        while engine.unfinished() and (not steady or done_steps < steps):
+            finished = engine.step()
+            done_steps += 1
+            tokens += engine.last_step_rows
+            for _ in finished if steady else ():
+                engine.add(next_id, prompts[next_id % len(prompts)], max_new_tokens)
+                next_id += 1
     seconds = time.perf_counter() - t0
     engine.abort(engine.running() + list(engine._waiting))
     return tokens / seconds, tokens / max(done_steps, 1)

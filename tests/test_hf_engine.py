@@ -152,3 +152,44 @@ def test_pack_marks_exactly_the_response_targets():
     assert packed.mask[0].tolist() == [0, 0, 1, 1]
     assert packed.behav_logp[0].tolist() == [0, 0, -0.5, -0.25]
     assert packed.mask[1].tolist() == [1, 0, 0, 0]
+
+
+def test_a_long_row_beside_rows_that_come_and_go_keeps_exact_logprobs_as_the_cache_moves():
+    """150 tokens with short rows joining and leaving around it: the cache runs out of columns
+    (its live window moves to the front) and frees half its slots (the live ones move), and
+    every row's log-probs stay those of one full forward pass."""
+    tok, model = tiny()
+    engine = HFEngine(model)
+    torch.manual_seed(1)
+    owner, done = {0: prompt_token_ids(tok, "123+4567=")}, {}
+    engine.add(0, owner[0], max_new_tokens=150)
+    for step in range(400):
+        if step % 7 == 0 and step < 140:
+            rid = len(owner)
+            owner[rid] = prompt_token_ids(tok, f"{rid}+{step}=")
+            engine.add(rid, owner[rid], max_new_tokens=4 + rid % 9)
+        done.update((f.request_id, f) for f in engine.step())
+        if not engine.unfinished():
+            break
+    assert sorted(done) == sorted(owner) and len(done[0].token_ids) > 100
+    for rid, f in done.items():
+        ref = full_forward_logp(model, owner[rid], f.token_ids, 1.0)
+        assert (torch.tensor(f.logprobs) - ref).abs().max() < 1e-5, rid
+
+
+def test_a_prompt_wider_than_the_cache_so_far_joins_an_emptied_engine():
+    """A short request ends, the engine is empty, and a longer prompt comes: its prefill needs
+    columns left of where the cache started (the actor hit this between two syncs)."""
+    tok, model = tiny()
+    engine = HFEngine(model)
+    torch.manual_seed(2)
+    short, wide = prompt_token_ids(tok, "1+2="), prompt_token_ids(tok, "1234+5678+91011+121314=")
+    engine.add(0, short, max_new_tokens=2)
+    while engine.unfinished():
+        engine.step()
+    engine.add(1, wide, max_new_tokens=6)
+    done = []
+    while engine.unfinished():
+        done += engine.step()
+    ref = full_forward_logp(model, wide, done[0].token_ids, 1.0)
+    assert (torch.tensor(done[0].logprobs) - ref).abs().max() < 1e-5

@@ -10,12 +10,12 @@ Why its own loop and not `model.generate`: `generate` runs a fixed batch to the 
 sync, a prompt's next stage or the abort of a sample whose sibling is already correct would all
 wait for the slowest sequence of the batch. Here each of those happens between two decode steps.
 
-How the batch is kept (`actors/engines/kv_rows.py`): the running rows share one KV cache of
-width L, each row's tokens right-aligned and its left padding masked out. New requests are
-prefilled together and joined to the batch (the narrower side padded on the left); finished and
-aborted rows are dropped, and columns no live row uses are trimmed, so L stays the longest live
-row. A row's positions count its own tokens only, so its log-probs do not depend on the other
-rows (tests/test_hf_engine.py checks them against one full forward pass within 1e-5).
+How the batch is kept (`actors/engines/kv_slots.py`): each running row has a slot of one
+preallocated KV cache, its tokens right-aligned to a write column shared by all rows and its
+left columns masked out. New requests are prefilled together and written into free slots;
+finished and aborted rows free theirs. Nothing is copied when rows come and go. A row's
+positions count its own tokens only, so its log-probs do not depend on the other rows
+(tests/test_hf_engine.py checks them against one full forward pass within 1e-5).
 
 Weights: the learner's broadcast writes straight into the model's parameters between two
 `step()` calls (nothing to commit). The cache keeps the keys and values computed under the old
@@ -38,7 +38,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from actors.engines import Aborted, Finished, extend_version_runs, generate_all
-from actors.engines.kv_rows import KVRows
+from actors.engines.kv_slots import KVSlots
 from tasks.sampling import eos_ids
 
 
@@ -70,9 +70,9 @@ class HFEngine:
         self.policy_version = 0
         """Version of the weights in the model now: every token sampled is tagged with it."""
         self._waiting: OrderedDict[int, _Request] = OrderedDict()
-        self._rows: list[_Request] = []  # running requests, in the order of the cache's rows
-        self._kv = KVRows()
-        self._last: torch.Tensor | None = None  # (B,) sampled token of each row, not yet cached
+        self._kv = KVSlots()
+        self._slots: list[_Request | None] = []  # the running request in each slot the cache uses
+        self._last = torch.zeros(0, dtype=torch.long)  # each slot's sampled token, not yet cached
 
     @classmethod
     def load(cls, model_path: str, device: str = "cpu", dtype: str = "float32",
@@ -85,7 +85,7 @@ class HFEngine:
     # -- requests -----------------------------------------------------------------------------
     def add(self, request_id: int, prompt_token_ids: list[int], max_new_tokens: int,
             temperature: float = 1.0, top_p: float = 1.0) -> None:
-        if request_id in self._waiting or any(r.request_id == request_id for r in self._rows):
+        if request_id in self._waiting or request_id in self.running():
             raise ValueError(f"request {request_id} is already in the engine")
         if max_new_tokens < 1 or not prompt_token_ids:
             raise ValueError(f"request {request_id}: need a prompt and max_new_tokens >= 1")
@@ -94,10 +94,10 @@ class HFEngine:
 
     def running(self) -> list[int]:
         """Requests that have started decoding (their tokens so far were sampled)."""
-        return [r.request_id for r in self._rows]
+        return [r.request_id for r in self._slots if r is not None]
 
     def unfinished(self) -> int:
-        return len(self._rows) + len(self._waiting)
+        return len(self.running()) + len(self._waiting)
 
     last_step_rows: int = 0
     prefix_cache_resets_refused: int = 0  # no prefix cache: never
@@ -106,16 +106,16 @@ class HFEngine:
     def max_rows(self) -> int:
         return self.max_batch
 
+    @torch.inference_mode()  # frees slots: the cache's tensors are inference tensors
     def abort(self, request_ids: Iterable[int]) -> list[Aborted]:
         """Stop these requests now; returns what each had generated (unknown ids: ignored)."""
         ids = set(request_ids)
         out = [_aborted(r) for r in self._waiting.values() if r.request_id in ids]
         for a in out:
             del self._waiting[a.request_id]
-        keep = [i for i, r in enumerate(self._rows) if r.request_id not in ids]
-        if len(keep) < len(self._rows):
-            out += [_aborted(r) for r in self._rows if r.request_id in ids]
-            self._keep_rows(keep)
+        gone = [s for s, r in enumerate(self._slots) if r is not None and r.request_id in ids]
+        out += [_aborted(self._slots[s]) for s in gone]
+        self._free(gone)
         return out
 
     # -- decoding -----------------------------------------------------------------------------
@@ -123,20 +123,26 @@ class HFEngine:
     def step(self, admit: bool = True) -> list[Finished]:
         """One decode step: a token for every running request, and (with `admit`) the first
         token of waiting requests that fit in `max_batch`. Returns the requests that finished."""
-        if self._rows:
+        live = [s for s, r in enumerate(self._slots) if r is not None]
+        if live:
             t0 = time.perf_counter()
-            logits = self._kv.decode(self.model, self._last)                    # (B, V)
-            self._last = self._sample_into(self._rows, logits, time.perf_counter() - t0)
-        if admit and self._waiting and len(self._rows) < self.max_batch:
+            logits = self._kv.decode(self.model, self._last)               # (slots used, V)
+            self._last[live] = self._sample_into([self._slots[s] for s in live], logits[live],
+                                                 time.perf_counter() - t0)
+        if admit and self._waiting and len(live) < self.max_batch:
             new = [self._waiting.popitem(last=False)[1]
-                   for _ in range(min(len(self._waiting), self.max_batch - len(self._rows)))]
+                   for _ in range(min(len(self._waiting), self.max_batch - len(live)))]
+            slots = self._kv.free_slots(len(new))
             t0 = time.perf_counter()
-            kv, logits = KVRows.prefill(self.model, [r.prompt for r in new], self.pad_token_id)
-            last = self._sample_into(new, logits, time.perf_counter() - t0)
-            self._kv.join(kv)
-            self._rows += new
-            self._last = last if self._last is None else torch.cat([self._last, last])
-        self.last_step_rows = len(self._rows)  # every one got a token
+            logits = self._kv.add(self.model, [r.prompt for r in new], slots, self.pad_token_id)
+            tokens = self._sample_into(new, logits, time.perf_counter() - t0)
+            grown = self._kv.used - len(self._slots)
+            self._slots += [None] * grown
+            self._last = torch.cat([self._last, self._last.new_zeros(grown)])
+            for r, s in zip(new, slots):
+                self._slots[s] = r
+            self._last[slots] = tokens
+        self.last_step_rows = len(self.running())  # every one got a token
         return self._collect_finished()
 
     def _sample_into(self, rows: list[_Request], logits: torch.Tensor,
@@ -151,22 +157,30 @@ class HFEngine:
         return tokens
 
     def _collect_finished(self) -> list[Finished]:
-        done, keep = [], []
-        for i, r in enumerate(self._rows):
+        done, slots = [], []
+        for s, r in enumerate(self._slots):
+            if r is None:
+                continue
             eos = r.tokens[-1] in self.eos_ids
             if eos or len(r.tokens) >= r.max_new_tokens:
                 done.append(Finished(r.request_id, r.tokens, r.logprobs, r.version_runs,
                                      truncated=not eos, compute_s=r.compute_s))
-            else:
-                keep.append(i)
-        if done:
-            self._keep_rows(keep)
+                slots.append(s)
+        self._free(slots)
         return done
 
-    def _keep_rows(self, keep: list[int]) -> None:
-        self._rows = [self._rows[i] for i in keep]
-        self._kv.select(keep)
-        self._last = self._last[keep] if keep else None
+    def _free(self, slots: list[int]) -> None:
+        if not slots:
+            return
+        for s in slots:
+            self._slots[s] = None
+        self._kv.drop(slots)
+        del self._slots[self._kv.used:]
+        self._last = self._last[:self._kv.used]
+        moved = self._kv.compact()  # half the slots free: the live ones move to the front
+        if moved is not None:
+            self._slots = [self._slots[s] for s in moved]
+            self._last = self._last[moved]
 
     # -- weights ------------------------------------------------------------------------------
     def weight_targets(self) -> list[tuple[str, torch.Tensor]]:
