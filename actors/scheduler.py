@@ -3,7 +3,7 @@
 The actor loop (actors/worker.py) feeds it events and carries out what it returns:
   add_work(work)            -> the first requests of every prompt of a work item
   finished(f)               -> the response goes to the verifier (off the decode loop)
-  verified(request_id, ok)  -> maybe: siblings to abort, the prompt's next stage, a done group
+  verified(request_id, score) -> maybe: siblings to abort, the prompt's next stage, a done group
   aborted(a, resubmit)      -> an aborted request's tokens are counted; with `resubmit` (a weight
                                sync under `actors.inflight_update: abort`) the sample is asked
                                for again under the new weights
@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from actors.allocation import hora_allocate, hora_second_phase
 from actors.engines import Aborted, Finished, extend_version_runs
 from protocol.messages import Prompt, RolloutSpec, Sample, Work
+from tasks.rewards import Score
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ class PromptResult:
 class Actions:
     submit: list[SampleRequest] = field(default_factory=list)
     abort: list[int] = field(default_factory=list)
-    verify: list[tuple[int, list[int], str]] = field(default_factory=list)  # id, tokens, answer
+    # request id, tokens, answer, the prompt's fields
+    verify: list[tuple[int, list[int], str, dict]] = field(default_factory=list)
     done: list[PromptResult] = field(default_factory=list)
 
     def merge(self, other: "Actions") -> "Actions":
@@ -145,16 +147,20 @@ class RolloutScheduler:
         p.in_flight.discard(f.request_id)
         p.unverified[f.request_id] = f
         p.compute_s += f.compute_s
-        acts = Actions(verify=[(f.request_id, f.token_ids, p.prompt.answer)])
+        acts = Actions(verify=[(f.request_id, f.token_ids, p.prompt.answer, p.prompt.fields)])
         return acts.merge(self._maybe_abort_siblings(p))
 
-    def verified(self, request_id: Hashable, acc: bool) -> Actions:
+    def verified(self, request_id: Hashable, score: Score | bool) -> Actions:
+        """`score`: the reward function's (a bare verdict counts as reward 0 or 1)."""
+        if not isinstance(score, Score):
+            score = Score.of_acc(score)
         p = self._owner.pop(request_id)
         f = p.unverified.pop(request_id)
         runs = [(int(v), int(n)) for v, n in f.version_runs]  # engines tag every token
         p.samples.append(Sample(token_ids=f.token_ids, logprobs=f.logprobs,
-                                policy_version=runs[0][0], reward=float(acc), acc=acc,
-                                truncated=f.truncated, stage=p.stage, version_runs=runs))
+                                policy_version=runs[0][0], reward=score.reward, acc=score.acc,
+                                truncated=f.truncated, stage=p.stage, version_runs=runs,
+                                scores=score.scores, reward_error=score.error is not None))
         return self._maybe_abort_siblings(p).merge(self._maybe_end_stage(p))
 
     def aborted(self, a: Aborted, resubmit: bool = False) -> Actions:

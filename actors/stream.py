@@ -65,8 +65,8 @@ class Rollouts:
                 self._apply(self.sched.finished(f))
             self.busy_rows += self.engine.last_step_rows
         if self.verify.pending:
-            for rid, ok in self.verify.results(0.0 if self.decoding else wait_s):
-                self._apply(self.sched.verified(rid, ok))
+            for rid, score in self.verify.results(0.0 if self.decoding else wait_s):
+                self._apply(self.sched.verified(rid, score))
         done, self._done = self._done, []
         return done
 
@@ -120,9 +120,9 @@ class Rollouts:
                 self._apply(self.sched.aborted(Aborted(rid, 0)))
             for a in self.engine.abort(acts.abort):
                 self._apply(self.sched.aborted(a))
-        for rid, token_ids, answer in acts.verify:
+        for rid, token_ids, answer, fields in acts.verify:
             self.verify.put(rid, self.tokenizer.decode(token_ids, skip_special_tokens=True),
-                            answer)
+                            answer, fields)
         self._done += acts.done
 
     def _add(self, req: SampleRequest) -> None:

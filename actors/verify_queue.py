@@ -7,8 +7,8 @@ may be called from any thread, so one worker thread takes whatever is queued, sc
 call and hands the verdicts back; the actor loop collects them without blocking.
 
     queue = VerifyQueue(verifier)
-    queue.put(request_id, "so \\boxed{85}", "85")
-    for request_id, ok in queue.results(wait_s=0.0): ...
+    queue.put(request_id, "so \\boxed{85}", "85", fields)
+    for request_id, score in queue.results(wait_s=0.0): ...  # tasks.rewards.Score
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import queue
 import threading
 from collections.abc import Hashable
 
+from tasks.rewards import BUILTIN, Score
 from tasks.verifier import Verifier, quick_verdict
 
 log = logging.getLogger(__name__)
@@ -40,12 +41,12 @@ class VerifyQueue:
         """Responses put and whose verdict has not been collected yet."""
         return self._pending
 
-    def put(self, key: Hashable, response: str, answer: str) -> None:
+    def put(self, key: Hashable, response: str, answer: str, fields: dict | None = None) -> None:
         self._pending += 1
-        self._todo.put((key, response, answer))
+        self._todo.put((key, response, answer, fields or {}))
 
-    def results(self, wait_s: float = 0.0) -> list[tuple[Hashable, bool]]:
-        """Verdicts ready now, waiting up to `wait_s` for the first one when none is."""
+    def results(self, wait_s: float = 0.0) -> list[tuple[Hashable, Score]]:
+        """Scores ready now, waiting up to `wait_s` for the first one when none is."""
         out = []
         try:
             out.append(self._done.get(timeout=wait_s) if wait_s > 0 else self._done.get_nowait())
@@ -81,15 +82,16 @@ class VerifyQueue:
         # the verdicts the text settles go back at once, not after the batch's math-verify calls
         slow = []
         for item in batch:
-            verdict = quick_verdict(item[1], item[2])
+            verdict = quick_verdict(item[1], item[2]) if self.verifier.reward == BUILTIN else None
             if verdict is None:
                 slow.append(item)
             else:
-                self._done.put((item[0], verdict))
+                self._done.put((item[0], Score.of_acc(verdict)))
         if slow:
-            verdicts = self.verifier.score([r for _, r, _ in slow], [a for _, _, a in slow])
-            for (key, _, _), ok in zip(slow, verdicts):
-                self._done.put((key, ok))
+            scores = self.verifier.judge([i[1] for i in slow], [i[2] for i in slow],
+                                         [i[3] for i in slow])
+            for item, score in zip(slow, scores):
+                self._done.put((item[0], score))
 
     def close(self) -> None:
         """Stop the thread after what is queued (the verifier itself is the caller's)."""

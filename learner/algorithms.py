@@ -120,7 +120,7 @@ def build_step(groups: list[Group], state: AlgorithmState, cfg: Config, version:
     batch, tally = StepBatch([], []), Tally()
     for g in groups:
         members = [Member(s.token_ids, s.logprobs, s.policy_version,
-                          shaped_reward(s.acc, len(s.token_ids), cfg.dapo,
+                          shaped_reward(s.reward, len(s.token_ids), cfg.dapo,
                                         cfg.rollout.max_new_tokens), s.acc,
                           in_loss=not (cfg.dapo.overlong == "filter" and s.truncated),
                           version_runs=version_runs(s))
@@ -154,7 +154,8 @@ def _reuse(g: Group, members: list[Member], state: AlgorithmState, cfg: Config, 
         if entry is None:
             tally.n["unavailable"] += 1
         else:
-            reward = shaped_reward(True, len(entry.token_ids), cfg.dapo, cfg.rollout.max_new_tokens)
+            reward = shaped_reward(entry.reward, len(entry.token_ids), cfg.dapo,
+                                   cfg.rollout.max_new_tokens)
             members[reuse_into_group(accs, state.rng)] = reuse_member(entry, cfg.ar3po.reuse_mode,
                                                                       reward)
             tally.n["reused"] += 1
@@ -166,7 +167,7 @@ def _reuse(g: Group, members: list[Member], state: AlgorithmState, cfg: Config, 
         if s.acc:
             state.reuse.add(g.prompt_id, ReuseEntry(s.token_ids if keep else (),
                                                     s.logprobs if keep else (),
-                                                    s.policy_version, step))
+                                                    s.policy_version, step, s.reward))
 
 
 def rescues(cfg: Config) -> bool:

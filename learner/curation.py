@@ -20,10 +20,11 @@ from protocol.algorithm_config import AEROConfig, DAPOConfig
 from protocol.config import LossConfig
 
 
-def shaped_reward(acc: bool, length: int, dapo: DAPOConfig, max_new_tokens: int) -> float:
-    """The reward the loss sees: 0/1 (DAPO: -1/+1) plus, with overlong shaping, DAPO's soft
-    penalty for the last `cache_frac` of the generation budget."""
-    reward = (1.0 if acc else -1.0) if dapo.signed_reward else float(acc)
+def shaped_reward(reward: float, length: int, dapo: DAPOConfig, max_new_tokens: int) -> float:
+    """The reward the loss sees: the reward function's (0/1 under the built-in math reward),
+    with DAPO's signed reward mapped by 2r - 1 (0/1 -> -1/+1), plus, with overlong shaping,
+    DAPO's soft penalty for the last `cache_frac` of the generation budget."""
+    reward = 2.0 * reward - 1.0 if dapo.signed_reward else float(reward)
     if dapo.overlong == "shaping":
         cache = round(dapo.cache_frac * max_new_tokens)
         reward += dapo_overlong_penalty(length, max_new_tokens, cache, dapo.phi)

@@ -18,6 +18,7 @@ import msgspec
 
 from tasks.datasets import iterate_forever, load_problems
 from tasks.prompts import prompt_token_ids
+from tasks.rewards import BUILTIN
 from tasks.arithmetic import Arithmetic, Problem
 from protocol.config import Config
 from protocol.messages import Prompt, RolloutSpec
@@ -87,7 +88,8 @@ class PromptStream:
         prompt = Prompt(group_id=f"g{self.index}", prompt_id=p.prompt_id,
                         prompt_token_ids=prompt_token_ids(self.tokenizer, p.question,
                                                           self.cfg.task.prompt_template),
-                        answer=p.answer, n=self.cfg.rollout.group_size)
+                        answer=p.answer, n=self.cfg.rollout.group_size,
+                        fields={} if self.cfg.task.reward == BUILTIN else p.fields)
         self.index += 1
         if self.keep_solutions:
             self._solutions[prompt.group_id] = (p.answer, p.solution)

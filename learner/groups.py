@@ -94,6 +94,10 @@ def group_metrics(groups: list[Group], dropped: list[Group] = (),
         "groups/frac_all_fail_raw": sum(not any(a) for a in accs) / n,
         "groups/frac_all_correct_raw": sum(all(a) for a in accs) / n,
         "reward/acc_mean": float(np.mean([s.acc for s in samples])) if samples else 0.0,
+        "reward/mean": float(np.mean([s.reward for s in samples])) if samples else 0.0,
+        # responses the reward function scored 0 for an error (raised, bad value, timeout)
+        "reward/errors": sum(s.reward_error for s in samples),
+        **named_scores(samples),
         "resp/len_mean": float(lengths.mean()),
         "resp/len_p90": float(np.percentile(lengths, 90)),
         "resp/len_max": int(lengths.max()),
@@ -104,6 +108,16 @@ def group_metrics(groups: list[Group], dropped: list[Group] = (),
         "gen/policy_version_max": max((s.policy_version for s in samples), default=0),
         **selection_metrics([*groups, *dropped], dropped, groups if trained is None else trained),
     }
+
+
+def named_scores(samples: list) -> dict[str, float]:
+    """`reward/<name>`: the mean of each named score a reward function returned, over the
+    responses that have it (an errored response has none)."""
+    values: dict[str, list[float]] = {}
+    for s in samples:
+        for name, value in s.scores.items():
+            values.setdefault(name, []).append(value)
+    return {f"reward/{name}": float(np.mean(v)) for name, v in sorted(values.items())}
 
 
 def last_stage(group: Group) -> int:

@@ -32,6 +32,9 @@ class ReuseEntry:
     """Version that generated it (v_origin); its age at reuse is v_now - policy_version (§8.4)."""
     step: int
     """Learner step at which it was inserted."""
+    reward: float = 1.0
+    """Its reward when it was scored (the reward function's; 1 under the built-in math reward,
+    and in checkpoints from before reward functions)."""
 
     def __post_init__(self) -> None:
         # Accept lists from callers and from JSON, store immutable tuples.
@@ -95,6 +98,7 @@ class ReuseBuffer:
                             "logprobs": list(e.logprobs),
                             "policy_version": e.policy_version,
                             "step": e.step,
+                            "reward": e.reward,
                         }
                         for e in queue
                     ],

@@ -93,7 +93,7 @@ class Learner:
                                     keep_solutions=cfg.gcpo.coef > 0)
         self.prompts.restore_solutions(solutions)
         self.eval_problems = held_out(cfg)
-        self.verifier = Verifier(cfg.actors.verifier_timeout_s)
+        self.verifier = Verifier(cfg.actors.verifier_timeout_s, reward=cfg.task.reward)
         self.endpoint = LearnerEndpoint(cfg.net.bind_host, cfg.net.zmq_port,
                                         curve_dir=cfg.net.curve_dir or None,
                                         vocab_size=len(self.tokenizer))

@@ -14,16 +14,17 @@ SyncWeights message only tells the actors to join the next broadcast.
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 # 2: SyncWeights names the weight group's epoch, rank and size
 # 3: the rollout strategy staged -> stop_on_correct, aero_budget -> aero_rescue_budget_per_prompt,
 #    hora allocated at the actor from the posterior counts each Prompt carries
 # 4: Sample.version_runs (per-token policy versions), Group's aborted-sample counts
 # 5: Group.engine_load (the actor engine's cumulative decode counters)
+# 6: Prompt.fields (a reward function's data), Sample.scores and Sample.reward_error
 
 
 class _Message(msgspec.Struct, tag_field="kind", forbid_unknown_fields=True, frozen=True):
@@ -44,6 +45,9 @@ class Prompt(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # HORA: the learner's Beta counts of this prompt when it was handed out (ALGORITHMS.md 7.3)
     prior_correct: float = 0.0
     prior_incorrect: float = 0.0
+    # the row's other fields, for a reward function of the user's (`task.reward`; empty under
+    # the built-in math reward, which needs only the answer)
+    fields: dict[str, Any] = {}
 
 
 class RolloutSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -95,7 +99,9 @@ class Work(_Message, tag="work"):
 class Sample(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """One generated response. `logprobs[t]` is the behaviour log-prob of `token_ids[t]` under the
     weights that sampled it; `acc` is the verifier's verdict and `reward` the scalar the learner
-    trains on before any shaping it applies itself.
+    trains on before any shaping it applies itself (both from the reward function, `task.reward`:
+    tasks/rewards.py), `scores` its other named scores and `reward_error` whether it scored 0 for
+    an error (raised, returned a bad value, timed out).
 
     A response decoded across a weight update (`actors.inflight_update: continue`) was sampled
     by several policy versions: `version_runs` lists them oldest first as (version, consecutive
@@ -110,6 +116,8 @@ class Sample(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     truncated: bool
     stage: int = 0  # AR3PO stage / AERO round that produced it (0 = first)
     version_runs: list[tuple[int, int]] = []
+    scores: dict[str, float] = {}
+    reward_error: bool = False
 
 
 def version_runs(sample: Sample) -> list[tuple[int, int]]:

@@ -110,6 +110,11 @@ class TaskConfig:
     """Arithmetic: the answer format the warm start teaches (and GCPO's golden responses):
     boxed = `\\boxed{432}` (about 5 tokens); worked = the column-by-column working first,
     `7+5=12 4+8+1=13 3+1=4 \\boxed{432}` (20-35 tokens; give it rollout.max_new_tokens 64)."""
+    reward: str = "math_verify"
+    """The reward function: math_verify (built in: 1 when the response's last \\boxed{} equals
+    the answer under math-verify, else 0) or "package.module:function", your own: it takes
+    (response, answer, fields) and returns a float or a dict of named scores with "reward"
+    and optionally "acc" (tasks/rewards.py, README "Your own task")."""
     prompt_template: str = "{question}"
     """User turn text; real models want e.g. "{question} Please reason step by step, and put
     your final answer within \\boxed{{}}."."""

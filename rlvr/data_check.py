@@ -5,8 +5,10 @@ started (a traceback from the learner's log, with actors already sampling).
 
 Checked, for `task.kind: file`, in `task.train_path` and `task.eval_path`:
 - every row: the prompt and answer fields present and of the right type (tasks/datasets.py);
-- every answer: parseable by math-verify, the reward's verifier (an answer it cannot parse
-  scores every response 0, so the prompt can never teach anything);
+- every answer, under the built-in reward: parseable by math-verify (an answer it cannot parse
+  scores every response 0, so the prompt can never teach anything); a reward function of your
+  own judges its answers itself;
+`task.reward`, when it names your function: importable, and taking (response, answer, fields);
 and for `model.path` when it is set: a folder with a config transformers can read, of an
 architecture it can load as a causal LM, and a tokenizer.
 
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from protocol.config import Config, ConfigError, load_config
+from tasks import rewards
 from tasks.datasets import DatasetError, scan_problems
 
 SHOWN = 5  # bad rows printed per file
@@ -49,7 +52,8 @@ def check_file(key: str, path: str, cfg: Config) -> FileReport:
     except DatasetError as e:
         report.bad = [str(e)]
         return report
-    parses = {a: answer_parses(a) for a in {p.answer for p in problems}}  # ~2 ms an answer
+    builtin = t.reward == rewards.BUILTIN
+    parses = {a: not builtin or answer_parses(a) for a in {p.answer for p in problems}}  # 2 ms
     for p in problems:
         if parses[p.answer]:
             report.good += 1
@@ -69,6 +73,17 @@ def check_files(cfg: Config) -> list[FileReport]:
     if t.eval_path and t.eval_path != t.train_path:
         files.append(("task.eval_path", t.eval_path))
     return [check_file(key, path, cfg) for key, path in files]
+
+
+def check_reward(cfg: Config) -> str | None:
+    """What is wrong with `task.reward`, in one line, or None."""
+    if cfg.task.reward == rewards.BUILTIN:
+        return None
+    try:
+        rewards.resolve(cfg.task.reward)
+    except rewards.RewardError as e:
+        return f"task.reward: {_one_line(e)}"
+    return None
 
 
 def check_model(cfg: Config) -> str | None:
@@ -113,7 +128,7 @@ def _one_line(e: Exception) -> str:
 def preflight(cfg: Config) -> None:
     """`rlvr train`'s check before any process starts: raises ConfigError naming the key and
     the first bad row."""
-    problem = check_model(cfg)
+    problem = check_reward(cfg) or check_model(cfg)
     if problem:
         raise ConfigError(problem)
     for r in check_files(cfg):
@@ -128,6 +143,9 @@ def data_check(config: str, overrides: list[str]) -> int:
     problem = check_model(cfg)
     print(problem or (f"model.path {cfg.model.path}: ok" if cfg.model.path else
                       "model.path: unset (the built-in task warm-starts the tiny model)"))
+    failed |= problem is not None
+    problem = check_reward(cfg)
+    print(problem or f"task.reward {cfg.task.reward}: ok")
     failed |= problem is not None
     reports = check_files(cfg)
     if not reports:

@@ -148,7 +148,7 @@ def evaluate_folder(path: str | Path, config: str | None = None, overrides: list
     sampler = make_sampler(engine, model_dir, cfg)
     load_s = time.time() - t0
     problems = held_out(cfg)
-    verifier = Verifier(cfg.actors.verifier_timeout_s)
+    verifier = Verifier(cfg.actors.verifier_timeout_s, reward=cfg.task.reward)
     try:
         metrics = evaluate(sampler, tokenizer, problems, verifier, k, cfg.rollout.max_new_tokens,
                            cfg.rollout.temperature, cfg.task.prompt_template)

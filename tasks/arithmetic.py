@@ -59,6 +59,9 @@ class Problem:
     """Difficulty level (digits for `Arithmetic`; 0 when unknown)."""
     solution: str | None = None
     """A golden response text (used by GCPO), or None when the source has none."""
+    fields: dict = field(default_factory=dict, compare=False)
+    """What a reward function of the user's sees besides the answer (tasks/rewards.py): a file
+    row's top-level fields, the arithmetic task's question and level."""
 
 
 def stable_hash(text: str) -> int:
@@ -158,6 +161,7 @@ def _problem(a: int, op: str, b: int, level: int, response_format: str = "boxed"
         answer=answer,
         level=level,
         solution=response_text(question, answer, response_format),
+        fields={"question": question, "level": level},
     )
 
 

@@ -100,7 +100,8 @@ def problem_from_row(
         raise DatasetError(
             f"{where}: field {solution_field!r} (solution) must be a string, got {_show(solution)}"
         )
-    return Problem(prompt_id=prompt_id, question=values["prompt"], answer=values["answer"], solution=solution)
+    return Problem(prompt_id=prompt_id, question=values["prompt"], answer=values["answer"],
+                   solution=solution, fields=row)
 
 
 def _show(value: Any) -> str:

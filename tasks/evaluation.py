@@ -22,12 +22,14 @@ def evaluate(engine, tokenizer, problems: list[Problem], verifier: Verifier, k: 
     outs = engine.generate(prompts, [k] * len(prompts), max_new_tokens, temperature)
     texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for cs in outs for c in cs]
     answers = [p.answer for p in problems for _ in range(k)]
-    ok = verifier.score(texts, answers)
+    fields = [p.fields for p in problems for _ in range(k)]
+    ok = [s.acc for s in verifier.judge(texts, answers, fields)]
     correct = [sum(ok[i * k:(i + 1) * k]) for i in range(len(problems))]
     # greedy answers: how much the policy knows, against how often sampling gets it right
     greedy = engine.generate(prompts, [1] * len(prompts), max_new_tokens, temperature=0.0)
-    greedy_ok = verifier.score([tokenizer.decode(cs[0].token_ids, skip_special_tokens=True)
-                                for cs in greedy], [p.answer for p in problems])
+    greedy_ok = [s.acc for s in verifier.judge(
+        [tokenizer.decode(cs[0].token_ids, skip_special_tokens=True) for cs in greedy],
+        [p.answer for p in problems], [p.fields for p in problems])]
     metrics = {
         f"eval/avg@{k}": sum(correct) / (k * len(problems)),
         f"eval/pass@{k}": sum(pass_at_k(k, c, k) for c in correct) / len(problems),

@@ -93,8 +93,9 @@ def demo_warm_model() -> Path:
                              log=lambda *_: None)
 
 
-def run_rlvr(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true"}
+def run_rlvr(*args: str, timeout_s: float = 240, env: dict | None = None
+             ) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true", **(env or {})}
     return subprocess.run([sys.executable, "-m", "rlvr.cli", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout_s)
 

@@ -283,3 +283,29 @@ def test_generated_tokens_include_aborted_samples_and_version_spread_is_reported
     assert m["gen/version_spread_max"] == 2 and m["gen/version_spread_mean"] == pytest.approx(0.5)
     assert m["gen/responses_across_syncs"] == 1  # the one with two version runs
     assert m["gen/responses_per_prompt"] == 2  # aborted samples are not responses
+
+
+def graded_group(rewards: list[float], gid: str = "g") -> Group:
+    """A group scored by a reward function of the user's: every response correct (acc), with
+    partial credit in its reward."""
+    return Group(protocol_version=1, policy_version=0, group_id=gid, prompt_id="p", actor_id=0,
+                 work_id="w", prompt_token_ids=[1, 2],
+                 samples=[Sample(token_ids=[7, 8], logprobs=[-0.5] * 2, policy_version=0,
+                                 reward=r, acc=True, truncated=False, scores={"r": r})
+                          for r in rewards])
+
+
+def test_the_loss_trains_on_the_reward_functions_reward_not_on_its_correctness():
+    batch, _ = step(config("grpo"), [graded_group([1.0, 0.5, 0.5, 0.0])])
+    assert [r.adv > 0 for r in batch.rows] == [True, False, False, False]
+    assert batch.rows[0].adv == pytest.approx(-batch.rows[3].adv)  # all correct, not all-equal
+    assert batch.metrics["groups/frac_zero_adv_final"] == 0  # by acc alone it would be 1
+
+
+def test_ar3po_reuse_keeps_a_stored_responses_own_reward():
+    cfg = config("ar3po", "ar3po.reuse_mode=policy_recomputed")
+    _, state = step(cfg, [graded_group([0.5], gid="first")])
+    batch, _ = step(cfg, [group([False] * 4, gid="later")], state=state, version=1)
+    (reused,) = [r for r in batch.rows if r.reuse]
+    plain, _ = step(cfg, [group([False] * 3 + [True], gid="ref")])  # a reward-1 response in 4
+    assert 0 < reused.adv < max(r.adv for r in plain.rows)  # scaled down with its reward 0.5

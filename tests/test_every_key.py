@@ -35,6 +35,8 @@ ONLY_CHECKS = {"protocol/config_checks.py"}
 # keys read only inside running processes -> (the test that runs with the key set, the word in
 # its source that sets it: the key's name, or the argument the key becomes in the code it feeds)
 AT_RUN_TIME = {
+    "task.reward": ("tests/test_reward_e2e.py::test_a_reward_function_of_the_users_trains_logs_"
+                    "its_scores_and_survives_its_errors", "task.reward"),
     "run.steps": ("tests/test_e2e.py::test_sync_mode_is_exactly_on_policy", "run.steps"),
     "run.eval_every": ("tests/test_e2e.py::test_sync_mode_is_exactly_on_policy", "eval_every"),
     "run.checkpoint_every": ("tests/test_faults.py::test_a_learner_killed_mid_run_resumes_losing_"

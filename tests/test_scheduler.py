@@ -34,7 +34,7 @@ class Sim:
             p, k, n = self.running.pop(rid)
             self.aborted.append((p, k, n))
             self.apply(self.sched.aborted(Aborted(rid, n)))
-        for rid, _, _ in acts.verify:
+        for rid, *_ in acts.verify:
             p, k = self.finished_pk[rid]
             self.verdicts.append((self.step_no + self.delay, rid, self.correct(p, k)))
         for r in acts.done:
@@ -176,7 +176,7 @@ def test_a_sample_interrupted_twice_goes_on_from_its_partial_response_and_is_one
     assert last.prompt_token_ids == [0, 5, 6, 7, 8, 9] and last.max_new_tokens == 5
     acts = sched.finished(Finished(last.request_id, [4, 2], [-6.0, -7.0], [(2, 1), (3, 1)],
                                    truncated=False, compute_s=0.1))
-    assert acts.verify == [(last.request_id, [5, 6, 7, 8, 9, 4, 2], "ok")]
+    assert acts.verify == [(last.request_id, [5, 6, 7, 8, 9, 4, 2], "ok", {})]
     (done,) = sched.verified(last.request_id, True).done
     (sample,) = done.samples
     assert sample.token_ids == [5, 6, 7, 8, 9, 4, 2]

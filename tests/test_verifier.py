@@ -121,13 +121,13 @@ def test_a_hung_or_dead_child_is_replaced_and_only_its_item_scores_false(caplog)
         assert v.score(responses, ["a"] * 6) == [True, False, True, False, False, True]
         assert v.restarts == 2
         assert v.score([boxed("yes")], ["a"]) == [True]  # the replacement child keeps working
-    assert "2 item(s) scored False" in caplog.text
+    assert "2 item(s) scored 0" in caplog.text
 
 
 def test_past_max_restarts_the_rest_of_the_batch_scores_false_with_a_warning(caplog):
     with Verifier(timeout_s=0.5, check=scripted_check, max_restarts=0) as v, caplog.at_level(logging.WARNING):
         assert v.score([boxed(t) for t in ("yes", "die", "yes", "yes")], ["a"] * 4) == [True, False, False, False]
-    assert "3 item(s) scored False" in caplog.text
+    assert "3 item(s) scored 0" in caplog.text
 
 
 def test_printing_in_the_child_does_not_corrupt_the_replies():

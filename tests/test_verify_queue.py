@@ -32,7 +32,7 @@ def test_verdicts_come_back_by_key_without_blocking_the_caller():
             got = {}
             deadline = time.monotonic() + 30
             while len(got) < 3 and time.monotonic() < deadline:
-                got.update(q.results(wait_s=0.2))
+                got.update((k, s.acc) for k, s in q.results(wait_s=0.2))
             assert got == {"a": True, "b": False, "c": False}
             assert q.pending == 0
         finally:
@@ -49,7 +49,7 @@ def test_math_verify_verdicts_through_the_queue():
             got = {}
             deadline = time.monotonic() + 60
             while len(got) < 3 and time.monotonic() < deadline:
-                got.update(q.results(wait_s=0.5))
+                got.update((k, s.acc) for k, s in q.results(wait_s=0.5))
             assert got == {0: True, 1: True, 2: False}
         finally:
             q.close()
@@ -67,8 +67,8 @@ def test_a_verdict_the_text_settles_does_not_wait_for_math_verify_on_its_batch_m
             arrived = {}
             t0 = time.monotonic()
             while len(arrived) < 3 and time.monotonic() - t0 < 30:
-                for key, ok in q.results(wait_s=0.05):
-                    arrived[key] = (ok, time.monotonic() - t0)
+                for key, score in q.results(wait_s=0.05):
+                    arrived[key] = (score.acc, time.monotonic() - t0)
             assert all(ok for ok, _ in arrived.values())
             assert arrived["quick"][1] < arrived["slow-2"][1] - 0.3
         finally:

@@ -1,0 +1,59 @@
+"""A reward function of the user's, from a module of their own, trains a real run: its reward
+rises, its named scores are logged, its errors are counted while the run goes on; a bad name
+stops `rlvr train` in one line before any process starts."""
+
+from __future__ import annotations
+
+import statistics
+import textwrap
+
+import pytest
+
+from tests.calibration import record
+from tests.conftest import TINY, read_rows, run_rlvr
+
+# The user's module: their own answer check, a named score, and an error on the level-3
+# prompts (a quarter of the tiny task's), which reads the prompt's fields.
+PLUGIN = textwrap.dedent('''
+    def boxed_answer(response, answer, fields):
+        if fields["level"] == 3:
+            raise RuntimeError("level 3 is not mine to judge")
+        boxed = response.rsplit("\\\\boxed{", 1)[-1].split("}")[0] if "\\\\boxed{" in response else None
+        return {"reward": float(boxed == answer), "boxed": float(boxed is not None)}
+''')
+
+
+@pytest.mark.slow
+def test_a_reward_function_of_the_users_trains_logs_its_scores_and_survives_its_errors(
+        tmp_path, demo_warm_model):
+    (tmp_path / "my_reward.py").write_text(PLUGIN)
+    run_dir = tmp_path / "runs" / "own"
+    out = run_rlvr("train", str(TINY), f"run.out_dir={run_dir.parent}", "run.name=own",
+                   f"model.path={demo_warm_model}", "run.wandb=disabled", "run.progress=false",
+                   "run.steps=40", "run.eval_every=1000", "task.eval_per_level=8",
+                   "task.reward=my_reward:boxed_answer", env={"PYTHONPATH": str(tmp_path)},
+                   timeout_s=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [r for r in read_rows(run_dir) if "reward/mean" in r]
+    assert len(rows) == 40
+    assert all(0.5 < r["reward/boxed"] <= 1 for r in rows)  # the warm start boxes its answers
+    errors = sum(r["reward/errors"] for r in rows)
+    responses = sum(r["gen/responses_per_step"] for r in rows)
+    # level 3 is a quarter of the prompts, and each of its responses is an error
+    assert 0.1 < errors / responses < 0.6, (errors, responses)
+    first, last = (statistics.mean(r["reward/mean"] for r in rows[i:i + 10]) for i in (0, 30))
+    record("user reward function: mean reward, steps 31-40 minus steps 1-10", last - first,
+           low=0.05)
+    assert last - first > 0.05, (first, last)
+    log = (run_dir / "logs" / "actor-0.log").read_text()
+    assert log.count("RuntimeError: level 3 is not mine to judge") == 1  # logged once, counted
+
+
+def test_a_reward_name_that_does_not_import_stops_train_in_one_line(tmp_path):
+    out = run_rlvr("train", str(TINY), "task.reward=no_such_module:reward",
+                   f"run.out_dir={tmp_path}", "run.name=refused")
+    assert out.returncode == 2
+    (line,) = out.stderr.strip().splitlines()
+    assert line == ("rlvr: config error: task.reward: 'no_such_module:reward' cannot be "
+                    "imported: ModuleNotFoundError: No module named 'no_such_module'")
+    assert not (tmp_path / "refused" / "logs").exists()
