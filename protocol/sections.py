@@ -95,9 +95,10 @@ class TaskConfig:
     eval_per_level: int = 64
     """Arithmetic: held-out prompts per level."""
     train_path: str = ""
-    """File task: training data (.jsonl or .parquet)."""
+    """File task: training data (.jsonl, .parquet, or a folder written by Hugging Face
+    datasets' save_to_disk: one split's)."""
     eval_path: str = ""
-    """File task: held-out data (.jsonl or .parquet)."""
+    """File task: held-out data (as train_path)."""
     prompt_field: str = "prompt"
     """File task: field holding the question (dotted for nested fields)."""
     answer_field: str = "answer"

@@ -1,4 +1,5 @@
-"""Users' own problem files (`.jsonl`, `.parquet`) as `Problem` lists, and an endless shuffled stream.
+"""Users' own problem files (`.jsonl`, `.parquet`, a Hugging Face datasets folder written by
+`save_to_disk`) as `Problem` lists, and an endless shuffled stream.
 
 Why: real runs train on dumps of GSM8K, MATH or DAPO-Math-17k. A bad row should stop the run
 before any process starts, with a message that says which file, which line (or parquet row) and
@@ -14,7 +15,9 @@ Field names may be dotted to reach into nested objects, e.g. DAPO-Math-17k:
 GSM8K's "answer" holds a worked solution ending in "#### 72": convert it to the bare number first.
 
 `prompt_id` is `"<file stem>:<n>"` with n the 1-based line of a `.jsonl` or the 0-based row of a
-`.parquet`, so ids are stable while the file is unchanged. Blank `.jsonl` lines are skipped.
+`.parquet` or datasets folder, so ids are stable while the file is unchanged. Blank `.jsonl`
+lines are skipped. A datasets folder is read with `datasets.load_from_disk` (nothing from the
+hub); a DatasetDict's folder is refused with the split folders to name instead.
 
 `iterate_forever(problems, seed, start)` yields item `start`, `start+1`, ... of an endless
 sequence of epochs, each a permutation seeded by `(seed, epoch)`: resuming at an index costs one
@@ -133,6 +136,26 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, int, Any]]:
         yield f"{path} row {row_no}", row_no, row
 
 
+def _hf_dataset_rows(path: Path) -> Iterator[tuple[str, int, Any]]:
+    """Rows of a folder written by Hugging Face datasets' `save_to_disk` (no hub: read with
+    `load_from_disk`). A DatasetDict's folder holds one folder per split: name one."""
+    if (path / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in path.iterdir() if (p / "state.json").is_file())
+        raise DatasetError(f"{path}: a DatasetDict; name one split's folder: "
+                           + ", ".join(str(path / s) for s in splits))
+    if not (path / "state.json").is_file():
+        raise DatasetError(f"{path}: a folder, but not one written by datasets' save_to_disk "
+                           "(no state.json); use a .jsonl or .parquet file or such a folder")
+    from datasets import load_from_disk  # only its users pay for the import
+
+    try:
+        dataset = load_from_disk(str(path))
+    except Exception as e:  # noqa: BLE001 - datasets raises several types for a bad folder
+        raise DatasetError(f"{path}: not a readable datasets folder ({e})") from None
+    for row_no, row in enumerate(dataset):
+        yield f"{path} row {row_no}", row_no, row
+
+
 def scan_problems(
     path: str | Path,
     prompt_field: str = "prompt",
@@ -142,15 +165,19 @@ def scan_problems(
     """Every good row's problem and every bad row's message, in file order (`rlvr data check`
     shows them all). A file that cannot be read at all raises `DatasetError`."""
     path = Path(path)
-    match path.suffix.lower():
-        case ".jsonl":
-            rows = _jsonl_rows
-        case ".parquet":
-            rows = _parquet_rows
-        case _:
-            raise DatasetError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl or .parquet)")
-    if not path.is_file():
-        raise DatasetError(f"{path}: no such file")
+    if path.is_dir():
+        rows = _hf_dataset_rows
+    else:
+        match path.suffix.lower():
+            case ".jsonl":
+                rows = _jsonl_rows
+            case ".parquet":
+                rows = _parquet_rows
+            case _:
+                raise DatasetError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl, "
+                                   ".parquet or a datasets save_to_disk folder)")
+        if not path.is_file():
+            raise DatasetError(f"{path}: no such file")
     problems, bad = [], []
     for where, n, row in rows(path):
         try:
@@ -169,7 +196,7 @@ def load_problems(
     answer_field: str = "answer",
     solution_field: str = "solution",
 ) -> list[Problem]:
-    """All problems of a `.jsonl` or `.parquet` file; a bad row raises `DatasetError` (the
+    """All problems of a `.jsonl` or `.parquet` file or a datasets folder; a bad row raises `DatasetError` (the
     first one's message, with how many more there are)."""
     problems, bad = scan_problems(path, prompt_field, answer_field, solution_field)
     if bad:

@@ -53,6 +53,20 @@ def test_data_check_passes_a_good_file_and_the_built_in_task(tmp_path, tiny_mode
     assert built_in.returncode == 0 and "no files to check" in built_in.stdout
 
 
+def test_data_check_reads_a_datasets_folder_and_names_its_bad_rows_and_answers(tmp_path):
+    import datasets  # a project dependency, never skipped
+
+    rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": None},
+            {"prompt": "4+4=", "answer": "\\"}]
+    datasets.Dataset.from_list(rows).save_to_disk(tmp_path / "ds")
+    out = run_rlvr("data", "check", *file_task(tmp_path / "ds"))
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert f"task.train_path {tmp_path / 'ds'}: 1 good rows, 2 bad" in lines
+    assert f"  {tmp_path / 'ds'} row 1: missing answer field 'answer'" in lines
+    assert any("(ds:2): answer '\\\\' is not parseable by math-verify" in x for x in lines)
+
+
 def test_train_refuses_a_bad_row_in_one_line_before_any_process_starts(tmp_path, tiny_model):
     path = problems_file(tmp_path / "mixed.jsonl", [ROWS[0], ROWS[3], ROWS[5]])
     out = run_rlvr("train", *file_task(path, f"model.path={tiny_model}",

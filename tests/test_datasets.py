@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.datasets import DatasetError, iterate_forever, load_problems
+from tasks.datasets import DatasetError, iterate_forever, load_problems, scan_problems
 from tasks.arithmetic import Problem
 
 
@@ -120,6 +120,26 @@ def test_an_unreadable_parquet_file_is_a_dataset_error(tmp_path):
     path.write_bytes(b"not parquet")
     with pytest.raises(DatasetError, match="junk.parquet"):
         load_problems(path)
+
+
+def test_a_datasets_folder_loads_and_its_bad_rows_are_named_by_row(tmp_path):
+    import datasets  # a project dependency, never skipped
+    rows = [{"question": "1+2?", "meta": {"gold": "3"}, "level": 1},
+            {"question": "2+2?", "meta": {"gold": None}, "level": 2},
+            {"question": "3+3?", "meta": {"gold": "6"}, "level": 3}]
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_list(rows),
+                                   "test": datasets.Dataset.from_list(rows[:1])})
+    splits.save_to_disk(tmp_path / "math")
+    problems, bad = scan_problems(tmp_path / "math" / "train", "question", "meta.gold")
+    assert [(p.prompt_id, p.question, p.answer, p.fields["level"]) for p in problems] == [
+        ("train:0", "1+2?", "3", 1), ("train:2", "3+3?", "6", 3)]
+    assert bad == [f"{tmp_path / 'math' / 'train'} row 1: missing answer field 'meta.gold'"]
+    with pytest.raises(DatasetError, match="a DatasetDict; name one split's folder: .*math/test, "
+                                           ".*math/train"):
+        load_problems(tmp_path / "math", "question", "meta.gold")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(DatasetError, match="not one written by datasets' save_to_disk"):
+        load_problems(tmp_path / "plain")
 
 
 PROBLEMS = [Problem(prompt_id=f"p{i}", question=f"q{i}", answer=str(i)) for i in range(7)]
