@@ -140,8 +140,8 @@ class RolloutConfig:
     """Prompts per work item handed to an actor; null = one step's prompts (prompts_per_step).
     Smaller items let weight syncs interleave sooner in async mode and spread a step over
     several actors, larger ones batch generation better. AERO's rescue budget and HORA's
-    allocation are pooled over a work item, so their presets make it a whole step (null; README,
-    "Algorithms and schedules")."""
+    allocation are pooled over a work item, so their presets make it a whole step (null;
+    docs/TRAINING.md, "Algorithms and schedules")."""
     policy: Literal["fixed", "stop_on_correct", "aero", "hora"] = "fixed"
     """Rollout policy: fixed = group_size responses per prompt (GRPO); stop_on_correct = AR3PO
     stages (ar3po.stage_sizes) that stop at a prompt's first correct response (formerly

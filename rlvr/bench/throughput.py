@@ -8,7 +8,7 @@ Trains the config's algorithm for the same number of steps in each schedule (`--
   staged     mode=staged (Mu-GRPO's schedule: stages of mugrpo.updates_per_stage steps sampled
              with the stage's weights; the algorithm's loss is kept, `algorithm=mugrpo` would
              also swap in Mu-GRPO's loss and fixed-N sampling)
-The in-flight weight update policies (`actors.inflight_update`, README "How data flows") and
+The in-flight weight update policies (`actors.inflight_update`, docs/ARCHITECTURE.md "How data flows") and
 AR3PO's abort on first correct are modes too, selected with `--modes`:
   async_s2_finish / async_s2_continue / async_s2_abort / async_s2_recompute
                                  max_staleness=2 and that policy
