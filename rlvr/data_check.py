@@ -6,8 +6,8 @@ started (a traceback from the learner's log, with actors already sampling).
 Checked, for `task.kind: file`, in `task.train_path` and `task.eval_path`:
 - every row: the prompt and answer fields present and of the right type (tasks/datasets.py);
 - every answer, under the built-in reward: parseable by math-verify (an answer it cannot parse
-  scores every response 0, so the prompt can never teach anything); a reward function of your
-  own judges its answers itself;
+  scores every response 0, so the prompt can never teach anything); under a reward function of
+  your own, accepted by its `check_answer` attribute when it has one;
 `task.reward`, when it names your function: importable, and taking (response, answer, fields);
 and for `model.path` when it is set: a folder with a config transformers can read, of an
 architecture it can load as a causal LM, and a tokenizer.
@@ -43,6 +43,29 @@ def answer_parses(answer: str) -> bool:
     return bool(parse("$" + answer + "$"))
 
 
+def _answer_check(reward: str):
+    """answer -> what is wrong with it for `reward`, or None. The built-in reward needs an
+    answer math-verify parses; a function of the user's may carry `check_answer(answer)`,
+    which raises on an answer it cannot judge (tasks.code's does); without one, every answer
+    passes."""
+    if reward == rewards.BUILTIN:
+        return lambda a: None if answer_parses(a) else "is not parseable by math-verify"
+    try:
+        check = getattr(rewards.resolve(reward), "check_answer", None)
+    except rewards.RewardError:  # check_reward reports it
+        check = None
+    if check is None:
+        return lambda a: None
+
+    def problem(answer: str) -> str | None:
+        try:
+            check(answer)
+        except Exception as e:  # noqa: BLE001 - the user's check says what is wrong its way
+            return f"is refused by {reward}'s check_answer: {type(e).__name__}: {_one_line(e)}"
+        return None
+    return problem
+
+
 def check_file(key: str, path: str, cfg: Config) -> FileReport:
     t = cfg.task
     report = FileReport(key, path)
@@ -52,14 +75,14 @@ def check_file(key: str, path: str, cfg: Config) -> FileReport:
     except DatasetError as e:
         report.bad = [str(e)]
         return report
-    builtin = t.reward == rewards.BUILTIN
-    parses = {a: not builtin or answer_parses(a) for a in {p.answer for p in problems}}  # 2 ms
+    answer_problem = _answer_check(t.reward)
+    problems_of = {a: answer_problem(a) for a in {p.answer for p in problems}}  # ~2 ms each
     for p in problems:
-        if parses[p.answer]:
+        if problems_of[p.answer] is None:
             report.good += 1
         else:
-            report.bad.append(f"{path} ({p.prompt_id}): answer {p.answer[:60]!r} is not "
-                              f"parseable by math-verify: every response would score 0")
+            report.bad.append(f"{path} ({p.prompt_id}): answer {p.answer[:60]!r} "
+                              f"{problems_of[p.answer]}: every response would score 0")
     if not problems and not report.bad:
         report.bad.append(f"{path}: no problems in file")
     return report

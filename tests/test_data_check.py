@@ -67,6 +67,23 @@ def test_data_check_reads_a_datasets_folder_and_names_its_bad_rows_and_answers(t
     assert any("(ds:2): answer '\\\\' is not parseable by math-verify" in x for x in lines)
 
 
+def test_data_check_asks_a_reward_function_of_the_users_about_each_answer(tmp_path):
+    good = json.dumps({"function": "add", "tests": [{"args": [1, 2], "expected": 3}]})
+    path = problems_file(tmp_path / "code.jsonl", [
+        {"prompt": "Write add(a, b).", "answer": good},
+        {"prompt": "Write sub(a, b).", "answer": "{\"function\": \"sub\", \"tests\": []}"},
+        {"prompt": "Write mul(a, b).", "answer": "mul"}])
+    out = run_rlvr("data", "check", *file_task(path, "task.reward=tasks.code:unit_tests"))
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert "task.reward tasks.code:unit_tests: ok" in lines
+    assert f"task.train_path {path}: 1 good rows, 2 bad" in lines
+    assert any("(code:2): answer" in x and "check_answer: ValueError: each test must be" in x
+               for x in lines)
+    assert any("(code:3): answer 'mul' is refused by tasks.code:unit_tests's check_answer: "
+               "JSONDecodeError" in x for x in lines)
+
+
 def test_train_refuses_a_bad_row_in_one_line_before_any_process_starts(tmp_path, tiny_model):
     path = problems_file(tmp_path / "mixed.jsonl", [ROWS[0], ROWS[3], ROWS[5]])
     out = run_rlvr("train", *file_task(path, f"model.path={tiny_model}",

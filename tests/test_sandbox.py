@@ -1,0 +1,179 @@
+"""The code sandbox (tasks/sandbox.py), attacked by the solutions a policy could learn to write:
+each attempt scores 0, and nothing outside the sandbox is changed or left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks.sandbox import Limits, run_tests
+from tasks.verifier import Verifier
+
+ADD = [{"args": [1, 2], "expected": 3}, {"args": [5, 5], "expected": 10},
+       {"args": [0, 0], "expected": 0}]
+
+
+def nobody_processes() -> list[str]:
+    out = subprocess.run(["ps", "-u", "nobody", "-o", "pid=,cmd="], capture_output=True,
+                         text=True)
+    return out.stdout.split("\n")[:-1]
+
+
+@pytest.fixture
+def open_dir():
+    """A folder anyone may read and write, outside the sandbox: only the jail keeps a solution
+    out of it (pytest's own tmp folders are closed to other users anyway)."""
+    path = tempfile.mkdtemp(prefix="rlvr-open-", dir="/tmp")
+    os.chmod(path, 0o777)
+    yield Path(path)
+    shutil.rmtree(path)
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running():
+    assert nobody_processes() == []
+    yield
+    assert nobody_processes() == []  # every process a solution started is gone with it
+
+
+def test_a_right_answer_passes_every_test_and_a_wrong_one_none():
+    assert run_tests("def add(a, b):\n    return a + b\n", "add", ADD).passed == 3
+    assert run_tests("def add(a, b):\n    return a - b\n", "add", ADD).passed == 1
+    assert run_tests("def add(a, b):\n    return (a + b, 0)\n", "add",
+                     [{"args": [1, 2], "expected": [3, 0]}]).passed == 1  # via JSON, as stored
+
+
+def test_a_solution_that_does_not_define_the_function_or_does_not_parse_scores_zero():
+    assert run_tests("def plus(a, b):\n    return a + b\n", "add", ADD).error.startswith(
+        "definition: KeyError")
+    assert "SyntaxError" in run_tests("def add(a, b:\n", "add", ADD).error
+
+
+def test_a_fork_bomb_scores_zero_and_leaves_no_process():
+    bomb = ("import os\n"
+            "def add(a, b):\n"
+            "    while True:\n"
+            "        try:\n"
+            "            os.fork()\n"
+            "        except OSError:\n"
+            "            pass\n")
+    t0 = time.monotonic()
+    result = run_tests(bomb, "add", ADD, Limits(wall_s=3))
+    assert result.passed == 0 and result.error == "timed out"
+    assert time.monotonic() - t0 < 6
+
+
+def test_children_that_leave_the_session_die_with_the_solution():
+    escape = ("import os, time\n"
+              "def add(a, b):\n"
+              "    if os.fork() == 0:\n"
+              "        os.setsid()\n"
+              "        time.sleep(600)\n"
+              "    return a + b\n")
+    assert run_tests(escape, "add", ADD[:1]).passed == 1  # checked by the fixture: none left
+
+
+def test_writing_outside_its_directory_changes_nothing(open_dir):
+    victim = open_dir / "tests.jsonl"
+    victim.write_text("hidden\n")
+    victim.chmod(0o666)
+    own = f"/tmp/rlvr-escape-{os.getpid()}"  # its own /tmp: private to the sandbox
+    writer = ("def add(a, b):\n"
+              "    wrote = 0\n"
+              f"    for path in [{str(victim)!r}, '/usr/escape', '/etc/escape', '/escape']:\n"
+              "        try:\n"
+              "            open(path, 'w').write('owned')\n"
+              "            wrote += 1\n"
+              "        except OSError:\n"
+              "            pass\n"
+              f"    open({own!r}, 'w').write('x')  # its own directory is writable\n"
+              "    return a + b if wrote else None\n")
+    result = run_tests(writer, "add", ADD)
+    assert result.passed == 0 and result.error is None
+    assert victim.read_text() == "hidden\n"
+    assert not any(os.path.exists(p) for p in (own, "/usr/escape", "/etc/escape", "/escape"))
+
+
+def test_reading_the_tests_finds_nothing_to_copy(open_dir):
+    stored = open_dir / "hidden.json"
+    stored.write_text(json.dumps(ADD))
+    stored.chmod(0o644)
+    reader = ("import gc, json, sys\n"
+              "def add(a, b):\n"
+              "    try:\n"
+              f"        tests = json.load(open({str(stored)!r}))\n"
+              "        return next(t['expected'] for t in tests if t['args'] == [a, b])\n"
+              "    except OSError:\n"
+              "        pass\n"
+              "    for obj in gc.get_objects():\n"
+              "        if isinstance(obj, dict) and 'expected' in obj:\n"
+              "            return obj['expected']\n"
+              "    frame = sys._getframe(1)\n"
+              "    return frame.f_locals.get('expected', frame.f_globals.get('expected'))\n")
+    assert run_tests(reader, "add", ADD).passed == 0
+
+
+def test_sleeping_past_the_limit_scores_zero_within_the_limit():
+    sleeper = "import time\ndef add(a, b):\n    time.sleep(600)\n"
+    t0 = time.monotonic()
+    result = run_tests(sleeper, "add", ADD, Limits(wall_s=2))
+    assert result.passed == 0 and result.error == "timed out"
+    assert time.monotonic() - t0 < 4
+
+
+@pytest.mark.parametrize("exit_call", ["raise SystemExit(0)", "import os; os._exit(0)",
+                                       "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+                                       "import os; os.close(1); return a + b"])
+def test_exiting_the_interpreter_scores_zero(exit_call):
+    result = run_tests(f"def add(a, b):\n    {exit_call}\n", "add", ADD)
+    assert result.passed == 0
+
+
+def test_the_network_is_out_of_reach():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    caller = ("import socket\n"
+              "def add(a, b):\n"
+              f"    socket.create_connection(('127.0.0.1', {port}), timeout=1).close()\n"
+              "    return a + b\n")
+    try:
+        result = run_tests(caller, "add", ADD[:1])
+        server.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            server.accept()
+    finally:
+        server.close()
+    assert result.passed == 0
+
+
+def test_memory_past_the_limit_fails_the_test_not_the_machine():
+    hog = "def add(a, b):\n    return len(bytearray(4 * 1024 ** 3)) and a + b\n"
+    assert run_tests(hog, "add", ADD[:1], Limits(memory_mb=256)).passed == 0
+    assert run_tests("def add(a, b):\n    return a + b\n", "add", ADD[:1],
+                     Limits(memory_mb=256)).passed == 1  # the limit leaves room for Python
+
+
+TESTS = json.dumps({"function": "add", "tests": ADD})
+
+
+def test_the_code_reward_scores_a_response_in_the_verifiers_child():
+    right = "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\n"
+    half = "```python\ndef add(a, b):\n    return a * b if a == 0 else a + b + 1\n```"
+    with Verifier(timeout_s=5.0, reward="tasks.code:unit_tests") as v:
+        scores = v.judge([right, half, "def add(a, b): return a + b", "no code", right],
+                         [TESTS] * 4 + ["not json"])
+    assert [(s.reward, s.acc) for s in scores[:4]] == [(1.0, True), (1 / 3, False),
+                                                       (1.0, True), (0.0, False)]
+    assert scores[0].scores == {"tests_passed": 3.0, "sandbox_error": 0.0}
+    assert scores[3].scores["sandbox_error"] == 1.0  # "no code" defines no function
+    assert scores[4].error and "JSONDecodeError" in scores[4].error  # a bad row: counted
