@@ -1,4 +1,4 @@
-"""HORA's rollout allocation (ALGORITHMS.md §7): where a work item's responses go.
+"""HORA's rollout allocation (docs/ALGORITHMS.md §7): where a work item's responses go.
 
 What: the Beta-Bernoulli hit utility, the greedy allocation that maximises total hit utility
 under a rollout budget (one phase), and the second phase of the `two_phase` variant (after a

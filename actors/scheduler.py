@@ -15,7 +15,7 @@ Every call returns `Actions`: requests to submit, requests to abort, responses t
 prompts whose group is complete. One request is one sample.
 
 Per-prompt stages: a prompt's next stage is submitted the moment its current stage is verified,
-without waiting for the other prompts of its work item. The rollout policies (ALGORITHMS.md):
+without waiting for the other prompts of its work item. The rollout policies (docs/ALGORITHMS.md):
   fixed           - one stage of `Prompt.n` samples (GRPO, DAPO, Mu-GRPO);
   stop_on_correct - AR3PO (3.2): stage s has stage_sizes[s] samples; a prompt stops at the first
                     stage that gives it a correct response;

@@ -5,7 +5,7 @@ the engine, finished responses to the verifier thread (actors/verify_queue.py), 
 to the scheduler, aborts to the engine. The actor loop (actors/worker.py) calls `step()` between
 its messages, so a weight sync waits at most one decode step to be noticed.
 
-Weight updates while requests are in flight (`actors.inflight_update`, ALGORITHMS.md 8.1):
+Weight updates while requests are in flight (`actors.inflight_update`, docs/ALGORITHMS.md 8.1):
   finish   - `hold()`: no new request starts (held until `release()`), the running ones decode to
              their end; the sync goes ahead once `engine.running()` is empty (the behaviour of
              the batch rollout, where a sync waited for the work item in progress);

@@ -1,4 +1,4 @@
-"""Group advantages for outcome rewards (ALGORITHMS.md §1.2, §4.3).
+"""Group advantages for outcome rewards (docs/ALGORITHMS.md §1.2, §4.3).
 
 Every estimator here maps the rewards of one prompt's group to one advantage per response; the
 learner broadcasts it to all tokens of that response. The estimators are pure functions of a

@@ -1,6 +1,6 @@
 """From a step's scored groups to what the loss trains on, for every algorithm's knobs.
 
-Per group, in this order (ALGORITHMS.md sections in brackets):
+Per group, in this order (docs/ALGORITHMS.md sections in brackets):
   1. rewards: the verifier's 0/1, or DAPO's -1/+1 with overlong shaping [2];
   2. AR3PO reuse: an all-fail group gives one response up for the prompt's newest past correct
      one [3.3]; then the group's fresh correct responses enter the buffer (never reused ones);

@@ -4,7 +4,7 @@ A `Row` is one response that enters the loss, with its group advantage already c
 right-pads prompt+response rows into tensors aligned to *targets*: position t of every (B, T-1)
 tensor describes token t+1, the token predicted from logits at position t.
 
-Rows are cut twice (ALGORITHMS.md 1.4): a learner step's batch into optimizer mini-batches of
+Rows are cut twice (docs/ALGORITHMS.md 1.4): a learner step's batch into optimizer mini-batches of
 whole groups (`mini_batches`), and each rank's share of a mini-batch into forward/backward
 micro-batches bounded by a count of sequences and a budget of padded tokens (`micro_batches`).
 """
@@ -112,7 +112,7 @@ def micro_batches(items: Sequence[T], length: Callable[[T], int], max_seqs: int,
     """Items sorted by length, cut into micro-batches of at most `max_seqs` items and at most
     `max_tokens` padded tokens (items x the longest one). An item longer than `max_tokens` gets
     a micro-batch of its own. Sorting keeps padding small; the loss does not depend on the
-    split (step-global denominators, ALGORITHMS.md 1.4)."""
+    split (step-global denominators, docs/ALGORITHMS.md 1.4)."""
     batches: list[list[T]] = []
     current: list[T] = []
     for item in sorted(items, key=length):

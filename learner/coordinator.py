@@ -1,7 +1,7 @@
 """The learner's side of the ZeroMQ conversation: actors, work hand-out and group ingest.
 
 The learner is the run's coordinator. It hands out prompts as `Work` items, so it can bound
-staleness by admission (ALGORITHMS.md 8.2): a group is handed out only while
+staleness by admission (docs/ALGORITHMS.md 8.2): a group is handed out only while
 `slots_taken + 1 <= (version + max_staleness + 1) * groups_per_step`, where `slots_taken` counts
 the groups handed out less those released (dropped as stale, or a DAPO generation batch taken
 beyond the first): a released group gives its admission slot to a replacement (AReaL's
@@ -222,7 +222,7 @@ class Coordinator:
     def take(self, count: int, keep_pending: bool = False) -> list[Group]:
         """Up to `count` returned groups, in arrival order. With `keep_pending` their prompts
         stay `handed` (a checkpoint keeps them) until `trained` is called: groups that wait at
-        the learner (stale_inject's delay line, ALGORITHMS.md 8.2b) are not trained yet."""
+        the learner (stale_inject's delay line, docs/ALGORITHMS.md 8.2b) are not trained yet."""
         taken, self.ready = self.ready[:count], self.ready[count:]
         if not keep_pending:
             self.trained([g.group_id for g in taken])

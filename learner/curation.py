@@ -1,6 +1,6 @@
 """Per-group rules between a scored group and the loss: reward shaping, AERO curation, rescue.
 
-What: DAPO's signed reward and overlong shaping (ALGORITHMS.md 2), AERO's strata (4.2) and its
+What: DAPO's signed reward and overlong shaping (docs/ALGORITHMS.md 2), AERO's strata (4.2) and its
 choice of the rollouts a group trains on and their advantages (4.3-4.4), and which prompts needed
 and got a rescue (AR3PO stages after the first, AERO rounds; `rescue/*` of section 9).
 Why: pure functions of one group's rewards, correctness, lengths and stages (plus an explicit

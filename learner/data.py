@@ -3,7 +3,7 @@ the held-out problems.
 
 `PromptStream` yields one `Prompt` per training problem; `PromptSource` sets each prompt's `n` as
 the rollout policy says and, for HORA, the prompt's posterior counts at hand-out time, from which
-the actor allocates the work item's budget by hit utility (ALGORITHMS.md 7.3, 8.4);
+the actor allocates the work item's budget by hit utility (docs/ALGORITHMS.md 7.3, 8.4);
 `rollout_spec` is what the actors are told to do.
 """
 

@@ -94,7 +94,7 @@ def set_learning_rate(engine, lr: float) -> None:
 
 
 def build_reference(cfg: Config):
-    """The KL reference policy (ALGORITHMS.md 1.5): a frozen copy of the initial weights, read
+    """The KL reference policy (docs/ALGORITHMS.md 1.5): a frozen copy of the initial weights, read
     from model.path (the run's initial model, also after a resume), in the learner's compute
     dtype; None when loss.kl_beta is 0. ZeRO 0-2 keep it whole on the learner's device beside
     the policy (a plain module); ZeRO-3 makes it an inference-only ZeRO-3 engine (no optimizer),

@@ -1,5 +1,5 @@
 """Group-level helpers: the group advantage estimator, group staleness, and the raw statistics
-of freshly generated groups (ALGORITHMS.md 1.2, 8.2, 9). learner/algorithms.py turns groups into
+of freshly generated groups (docs/ALGORITHMS.md 1.2, 8.2, 9). learner/algorithms.py turns groups into
 training rows with them.
 
 Consumption-side staleness (8.2): a group whose oldest sample is more than `max_staleness`
@@ -40,7 +40,7 @@ def is_stale(group: Group, version: int, max_staleness: int, stale_policy: str) 
 
 
 def generation_cost(groups: list[Group], dropped: list[Group] = ()) -> dict:
-    """What generating a step's groups cost, every generated group counted (ALGORITHMS.md 3.7):
+    """What generating a step's groups cost, every generated group counted (docs/ALGORITHMS.md 3.7):
     `groups` (consumed, DAPO's filtered and surplus ones included) and `dropped` (too stale at
     consumption: generated all the same). Fresh responses only: reuse is the learner's."""
     every = [*groups, *dropped]

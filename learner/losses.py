@@ -197,7 +197,7 @@ def m2po_keep(
     mask: torch.Tensor,
     tau: float = 0.04,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """M2PO's second-moment mask (Algorithm 1 of arXiv 2510.01161, ALGORITHMS.md 8.2c).
+    """M2PO's second-moment mask (Algorithm 1 of arXiv 2510.01161, docs/ALGORITHMS.md 8.2c).
 
     log_ratio = log pi_theta - log pi_behav (B, T), detached by the caller; adv (B,); mask
     (B, T). The trust-region tokens are the loss tokens where PPO's clip could act: A > 0 and
@@ -236,7 +236,7 @@ def m2po_token_loss(
     mask: torch.Tensor,
     tau: float = 0.04,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """M2PO's per-token loss (ALGORITHMS.md 8.2c): -M r A with r = pi_theta / pi_behav, no clip;
+    """M2PO's per-token loss (docs/ALGORITHMS.md 8.2c): -M r A with r = pi_theta / pi_behav, no clip;
     M is `m2po_keep`'s mask from this forward's (detached) ratios. Masked tokens give 0 and no
     gradient but stay in the aggregation's denominators (the paper averages over all tokens, as
     a clipped token stays in PPO's). Returns (loss (B, T), keep (B, T) bool, stats)."""

@@ -1,4 +1,4 @@
-"""The loss of one forward/backward micro-batch (ALGORITHMS.md 1.3-1.7, 3.5, 5.2, 6.2, 8.3-8.4).
+"""The loss of one forward/backward micro-batch (docs/ALGORITHMS.md 1.3-1.7, 3.5, 5.2, 6.2, 8.3-8.4).
 
 The ratio's denominator is chosen by `loss.old_policy` and by how a row's stored log-probs may
 be used (`LossRow.reuse`):
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class LossRow(Row):
     reuse: Literal["", "policy_recomputed", "direct_replay"] = ""
-    """How the stored log-probs enter the ratio (ALGORITHMS.md 3.5, 8.4). "": a fresh sample's
+    """How the stored log-probs enter the ratio (docs/ALGORITHMS.md 3.5, 8.4). "": a fresh sample's
     behaviour log-probs (w = pi_prox / pi_behav; the denominator under old_policy=behaviour).
     "policy_recomputed": a reused response whose stored log-probs are no valid correction
     (ratio to pi_prox, w = 1). "direct_replay": a reused response whose stored log-probs, from

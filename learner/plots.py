@@ -5,7 +5,7 @@ What: `plot_run(run_dir)` draws the run's curves into `run_dir/plots/`. It reads
 Comparing several runs (`rlvr compare`, `rlvr sweep`) is rlvr/compare.py, which draws with the
 helpers here (`series`, `draw`, `new_axes`, `save_png`).
 
-Curves (keys from ALGORITHMS.md section 9), each skipped when none of its keys was logged:
+Curves (keys from docs/ALGORITHMS.md section 9), each skipped when none of its keys was logged:
   reward.png                reward/acc_mean (solid), reward/train_mean (dashed) vs step
   eval.png                  eval/avg@8 (solid), eval/pass@8 (dashed) vs step (held-out accuracy)
   responses_per_prompt.png  gen/responses_per_prompt vs step (the sample cost per prompt)

@@ -1,4 +1,4 @@
-"""AR3PO response reuse (ALGORITHMS.md §3.3-3.5).
+"""AR3PO response reuse (docs/ALGORITHMS.md §3.3-3.5).
 
 What: a per-prompt buffer of the most recent *fresh* correct responses, and the rule that picks
 which response of an all-fail group a past correct response replaces. After the replacement the

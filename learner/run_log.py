@@ -3,7 +3,7 @@
 What: `RunLog` is the learner's one place for per-step metrics (rank 0 only). Each `log(step,
 metrics)` call
   1. appends one JSON object to `run_dir/metrics.jsonl` (`step`, `policy_version`, `time_s`, then
-     the metrics; keys as in ALGORITHMS.md section 9) and flushes + fsyncs it, so a crash loses
+     the metrics; keys as in docs/ALGORITHMS.md section 9) and flushes + fsyncs it, so a crash loses
      nothing already logged;
   2. forwards the scalar metrics to wandb (offline unless the user logs in; "disabled" skips it);
   3. refreshes the progress line (learner/progress.py: rich on a TTY, a compact line every

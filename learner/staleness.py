@@ -1,4 +1,4 @@
-"""Staleness rules for asynchronous training (ALGORITHMS.md §8.1-8.2).
+"""Staleness rules for asynchronous training (docs/ALGORITHMS.md §8.1-8.2).
 
 What: the admission rule the coordinator applies before handing out a prompt, the consumption
 rule for samples that still came back staler than the bound, and the `stale/*` metrics (§9).

@@ -225,7 +225,7 @@ class Learner:
 
         Groups come in generation batches of `self.gen_batch` (one step's prompts, or DAPO's
         3x): DAPO takes another whole batch while its informative groups do not fill the step,
-        up to dapo.max_gen_batches, and drops the surplus (ALGORITHMS.md 2); every response of
+        up to dapo.max_gen_batches, and drops the surplus (docs/ALGORITHMS.md 2); every response of
         every batch counts as generated. A stale group frees its slot for a replacement, and its
         responses count as generated too (their generation was paid for, 3.7)."""
         c, coord = self.cfg, self.coord

@@ -1,4 +1,4 @@
-"""One learner step's update of the policy: its optimizer steps on the step's rows (ALGORITHMS.md
+"""One learner step's update of the policy: its optimizer steps on the step's rows (docs/ALGORITHMS.md
 1.3-1.7, 5, 6, 8.3).
 
 The step's batch is split into `optim.mini_batches` mini-batches of whole groups, and every pass

@@ -3,7 +3,7 @@
 Every switch that turns an algorithm's mechanism on defaults to off here (`ar3po.reuse_mode: off`,
 `gcpo.coef: 0`, `mugrpo.veto_scope: off`, ...); the preset of `algorithm=<name>`
 (protocol/presets.py) turns on its own, under whatever the YAML and the overrides say. The other
-fields are the papers' values (ALGORITHMS.md sections in each docstring).
+fields are the papers' values (docs/ALGORITHMS.md sections in each docstring).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ class AR3POConfig:
     stage_sizes: tuple[int, ...] = (4, 4)
     """Staged rollout (rollout.policy=stop_on_correct): responses per stage, each >= 2; a prompt
     leaves the active set once it has a correct response, so it gets at most sum(stage_sizes)
-    (ALGORITHMS.md 3.2)."""
+    (docs/ALGORITHMS.md 3.2)."""
     reuse_mode: Literal["off", "advantage_only", "policy_recomputed", "direct_replay"] = "off"
     """Response reuse for all-fail groups (3.5): advantage_only = a past correct response only
     enters the group baseline; policy_recomputed = it also enters the loss with w = 1;
@@ -32,7 +32,7 @@ class AR3POConfig:
     def validate(self) -> None:
         if not self.stage_sizes or min(self.stage_sizes) < 2:
             raise ValueError(f"stage_sizes must be a non-empty list of sizes >= 2 (a group that "
-                             f"stops after a stage needs a baseline; ALGORITHMS.md 3.2), got "
+                             f"stops after a stage needs a baseline; docs/ALGORITHMS.md 3.2), got "
                              f"{list(self.stage_sizes)}")
         if self.buffer_size < 1:
             raise ValueError("buffer_size must be >= 1")
@@ -43,7 +43,7 @@ class AEROConfig:
     n_total: int = 16
     """Average responses per prompt the rollout may spend: explore plus the pooled rescue budget
     (n_total - n_explore) x prompts of a work item, which the aero preset makes a whole step's
-    prompts (rollout.prompts_per_work: null = rollout.prompts_per_step; ALGORITHMS.md 4.1, 4.4)."""
+    prompts (rollout.prompts_per_work: null = rollout.prompts_per_step; docs/ALGORITHMS.md 4.1, 4.4)."""
     n_explore: int = 8
     """Responses per prompt in the exploration stage."""
     n_max: int = 32
@@ -91,7 +91,7 @@ class AEROConfig:
 @dataclass(frozen=True)
 class HORAConfig:
     k_min: int = 2
-    """Fewest responses a prompt is allocated (a group needs a baseline) (ALGORITHMS.md 7.3)."""
+    """Fewest responses a prompt is allocated (a group needs a baseline) (docs/ALGORITHMS.md 7.3)."""
     k_max_factor: int = 4
     """Most responses a prompt is allocated, as a multiple of rollout.group_size (k_max = 4N)."""
     decay: float = 1.0
@@ -116,7 +116,7 @@ class HORAConfig:
 class DAPOConfig:
     dynamic_sampling: bool = False
     """Keep only groups with 0 < correct < n, generating whole generation batches until a
-    step's batch is full and dropping the surplus (ALGORITHMS.md 2); every generated response
+    step's batch is full and dropping the surplus (docs/ALGORITHMS.md 2); every generated response
     is counted in gen/responses_per_step."""
     gen_batch_factor: float = 3.0
     """Prompts per generation batch, as a multiple of rollout.prompts_per_step (DAPO: 1536
@@ -151,7 +151,7 @@ class MuGRPOConfig:
     updates_per_stage: int = 16
     """mode=staged: mu, the optimizer steps per generate-then-optimise stage. A stage hands out
     mu x rollout.prompts_per_step prompts sampled with the stage's frozen weights, then trains mu
-    steps on them (staleness 0..mu-1). The paper uses 4 stages with mu = 1024 (ALGORITHMS.md 5)."""
+    steps on them (staleness 0..mu-1). The paper uses 4 stages with mu = 1024 (docs/ALGORITHMS.md 5)."""
     veto_scope: Literal["off", "suffix", "nontrigger_suffix", "sequence"] = "off"
     """Negative-advantage veto (5.2): in a negative-advantage response, tokens after the first
     trigger (ratio pi_theta / pi_behav < veto_delta) leave the loss ('suffix'), only the
@@ -170,7 +170,7 @@ class MuGRPOConfig:
 class GCPOConfig:
     coef: float = 0.0
     """lambda_gc: weight of the contrastive term on all-fail groups that have a verified golden
-    trajectory (task solution) (ALGORITHMS.md 6.2); 0 = off."""
+    trajectory (task solution) (docs/ALGORITHMS.md 6.2); 0 = off."""
     eps_c: float = 0.2
     """Gate: the golden's token stops being raised above ratio 1 + eps_c, a failure's stops
     being lowered below 1 - eps_c."""

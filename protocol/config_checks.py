@@ -239,7 +239,7 @@ def _weight_sync_problems(cfg: Config) -> list[str]:
     every group stale (the actors sample with older weights than the learner trains); in async
     mode admission counts the actors' weights, which lag up to sync_every - 1 versions behind
     the learner, so a period above max_staleness + 1 leaves the step before a sync with groups
-    that admission never hands out (ALGORITHMS.md 8.2); in staged mode weights move only
+    that admission never hands out (docs/ALGORITHMS.md 8.2); in staged mode weights move only
     between stages, so the key does nothing."""
     k, found = cfg.weight_sync.sync_every, []
     if k < 1:

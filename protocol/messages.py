@@ -42,7 +42,7 @@ class Prompt(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     prompt_token_ids: list[int]
     answer: str
     n: int  # responses to sample for this prompt (fixed-N / AR3PO cap / HORA's mean budget)
-    # HORA: the learner's Beta counts of this prompt when it was handed out (ALGORITHMS.md 7.3)
+    # HORA: the learner's Beta counts of this prompt when it was handed out (docs/ALGORITHMS.md 7.3)
     prior_correct: float = 0.0
     prior_incorrect: float = 0.0
     # the row's other fields, for a reward function of the user's (`task.reward`; empty under

@@ -15,7 +15,7 @@ ALGORITHMS = ("grpo", "dapo", "drgrpo", "rloo", "ar3po", "aero", "hora", "mugrpo
 
 
 def preset(name: str) -> dict:
-    """Default config values of algorithm `name` (ALGORITHMS.md sections in the comments).
+    """Default config values of algorithm `name` (docs/ALGORITHMS.md sections in the comments).
     An unknown name gives {} and fails where `algorithm` is checked, naming the choices."""
     match name:
         case "grpo":  # 2: fixed N, mean/std advantage, symmetric clip

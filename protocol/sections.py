@@ -159,7 +159,7 @@ class RolloutConfig:
 @dataclass(frozen=True)
 class LossConfig:
     advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
-    """Group advantage estimator (ALGORITHMS.md 1.2)."""
+    """Group advantage estimator (docs/ALGORITHMS.md 1.2)."""
     old_policy: Literal["proximal", "behaviour"] = "proximal"
     """Denominator of the PPO ratio: 'proximal' = decoupled PPO, the learner's weights at the
     start of the learner step (before its first optimizer step), with the behaviour weight
@@ -168,7 +168,7 @@ class LossConfig:
     std_mode: Literal["unbiased", "population"] = "unbiased"
     """Std used by the GRPO advantage."""
     aggregation: Aggregation = "seq-mean-token-mean"
-    """Loss aggregation (ALGORITHMS.md 1.4); denominators span the whole step's batch."""
+    """Loss aggregation (docs/ALGORITHMS.md 1.4); denominators span the whole step's batch."""
     clip_low: float = 0.2
     """PPO clip epsilon below 1."""
     clip_high: float = 0.2
@@ -176,20 +176,20 @@ class LossConfig:
     dual_clip: float | None = None
     """Dual-clip constant c > 1 for negative advantages; null = off."""
     behav_weight_cap: float = 2.0
-    """Decoupled PPO: cap C on the behaviour weight pi_prox / pi_behav (ALGORITHMS.md 8.3)."""
+    """Decoupled PPO: cap C on the behaviour weight pi_prox / pi_behav (docs/ALGORITHMS.md 8.3)."""
     behav_weight_mode: Literal["truncate", "mask", "off"] = "truncate"
     """Decoupled PPO weight: truncate at C, mask tokens above C, or off (w = 1). Both keys act
     only under old_policy proximal (under behaviour w = 1)."""
     trust_region: Literal["clip", "m2po"] = "clip"
     """How the update is kept near the policy that sampled the data: 'clip' = the PPO clip
-    (clip_low, clip_high, dual_clip); 'm2po' = M2PO's second-moment mask (ALGORITHMS.md 8.2c):
+    (clip_low, clip_high, dual_clip); 'm2po' = M2PO's second-moment mask (docs/ALGORITHMS.md 8.2c):
     no clip, the ratio to the behaviour policy times the advantage, with the trust-region tokens
     of largest (log r)^2 masked until their mean is <= m2po_tau. Needs old_policy behaviour."""
     m2po_tau: float = 0.04
     """M2PO's threshold on the mean (log pi_theta - log pi_behav)^2 of the trust-region tokens
     left in the loss (the paper's 0.04 in every experiment)."""
     kl_beta: float = 0.0
-    """KL penalty coefficient (ALGORITHMS.md 1.5) against the reference policy: a frozen copy of
+    """KL penalty coefficient (docs/ALGORITHMS.md 1.5) against the reference policy: a frozen copy of
     the initial weights (model.path, also after a resume), kept on each learner rank (under
     ZeRO-3 as an inference-only ZeRO-3 engine, its parameters offloaded to CPU memory on GPU).
     0 = no reference model is loaded and no reference log-probs are computed."""
@@ -218,7 +218,7 @@ class OptimConfig:
     mini_batches: int = 1
     """Optimizer steps per pass over a learner step's batch: the step's groups are split, whole,
     into this many mini-batches (DAPO: 512 prompts in mini-batches of 32 = 16). The proximal
-    log-probs (ALGORITHMS.md 8.3) are computed once, with the weights at the start of the learner
+    log-probs (docs/ALGORITHMS.md 8.3) are computed once, with the weights at the start of the learner
     step, so from the second mini-batch on the ratio pi_theta / pi_prox moves away from 1 and
     the clip terms act; each optimizer step's loss has its own mini-batch's denominators (1.4).
     policy_version still counts learner steps (one rollout batch), not optimizer steps, as in

@@ -1,4 +1,4 @@
-"""Evaluation estimators (ALGORITHMS.md §10): unbiased pass@k and avg@k.
+"""Evaluation estimators (docs/ALGORITHMS.md §10): unbiased pass@k and avg@k.
 
 Why the product form: 1 - C(n-c, k) / C(n, k) overflows or loses precision for large n, while
 1 - prod_{i=n-c+1}^{n} (1 - k/i) stays in [0, 1] [K:Chen et al. 2021].

@@ -1,4 +1,4 @@
-"""Held-out evaluation: k samples per held-out prompt, eval/avg@k and eval/pass@k (ALGORITHMS.md 10).
+"""Held-out evaluation: k samples per held-out prompt, eval/avg@k and eval/pass@k (docs/ALGORITHMS.md 10).
 
 `evaluate` samples with any engine that has the actors' `generate` signature. The learner passes
 `tasks.sampling.HFSampler` around its own weights (the sampler the actors' HF engine uses), so a

@@ -113,7 +113,7 @@ def quick_run_args(run_dir: Path, model: Path, *overrides: str) -> list[str]:
 
 
 def assert_admitted_within_bound(rows: list[dict], groups_per_step: int, bound: int) -> int:
-    """Admission's bound (ALGORITHMS.md 8.2), read from what was trained: with no slot released
+    """Admission's bound (docs/ALGORITHMS.md 8.2), read from what was trained: with no slot released
     (nothing dropped, no DAPO batches), group g<i> took admission slot i, which opens only once
     the actors hold version ceil((i + 1) / G) - bound - 1, so its first token was sampled by
     that version or a later one. Fails when admission runs ahead (or a resume miscounts its

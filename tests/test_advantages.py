@@ -1,4 +1,4 @@
-"""Group advantages (learner/advantages.py, ALGORITHMS.md §1.2, §4.3)."""
+"""Group advantages (learner/advantages.py, docs/ALGORITHMS.md §1.2, §4.3)."""
 
 import math
 

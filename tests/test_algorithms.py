@@ -1,5 +1,5 @@
 """From scored groups to loss rows per algorithm (learner/algorithms.py, learner/curation.py)
-and what the learner hands out per prompt (learner/data.py). ALGORITHMS.md sections in names."""
+and what the learner hands out per prompt (learner/data.py). docs/ALGORITHMS.md sections in names."""
 
 import json
 import random

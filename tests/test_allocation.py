@@ -1,4 +1,4 @@
-"""HORA allocation, one phase and two (actors/allocation.py, ALGORITHMS.md §7)."""
+"""HORA allocation, one phase and two (actors/allocation.py, docs/ALGORITHMS.md §7)."""
 
 import itertools
 import math

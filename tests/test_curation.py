@@ -1,4 +1,4 @@
-"""AERO's strata and curation (learner/curation.py, ALGORITHMS.md §4.2, §4.4)."""
+"""AERO's strata and curation (learner/curation.py, docs/ALGORITHMS.md §4.2, §4.4)."""
 
 import random
 

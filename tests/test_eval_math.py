@@ -1,4 +1,4 @@
-"""Evaluation estimators (tasks/eval_math.py, ALGORITHMS.md §10)."""
+"""Evaluation estimators (tasks/eval_math.py, docs/ALGORITHMS.md §10)."""
 
 from math import comb
 

@@ -1,4 +1,4 @@
-"""Generation cost counts every generated response (ALGORITHMS.md 3.7): groups dropped as too
+"""Generation cost counts every generated response (docs/ALGORITHMS.md 3.7): groups dropped as too
 stale at consumption were generated all the same, so they count in `gen/responses_per_*`.
 
 The learner's own gathering loop (`Learner._gather`) runs here against a scripted coordinator:

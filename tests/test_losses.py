@@ -1,5 +1,5 @@
 """Per-token losses, aggregation, behaviour weights, KL and entropy (learner/losses.py,
-ALGORITHMS.md §1, §8); the algorithm-specific terms are in tests/test_losses_algorithms.py."""
+docs/ALGORITHMS.md §1, §8); the algorithm-specific terms are in tests/test_losses_algorithms.py."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Algorithm-specific loss terms (learner/losses.py): the Mu-GRPO veto (ALGORITHMS.md §5.2-5.3),
+"""Algorithm-specific loss terms (learner/losses.py): the Mu-GRPO veto (docs/ALGORITHMS.md §5.2-5.3),
 GCPO's gated contrast (§6.2) and DAPO's overlong penalty and dynamic sampling (§2)."""
 
 import math

@@ -1,4 +1,4 @@
-"""AR3PO response reuse (learner/reuse.py, ALGORITHMS.md §3.3-3.5)."""
+"""AR3PO response reuse (learner/reuse.py, docs/ALGORITHMS.md §3.3-3.5)."""
 
 import json
 import random

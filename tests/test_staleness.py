@@ -1,4 +1,4 @@
-"""Staleness admission, consumption and metrics (learner/staleness.py, ALGORITHMS.md §8.1-8.2, §9)."""
+"""Staleness admission, consumption and metrics (learner/staleness.py, docs/ALGORITHMS.md §8.1-8.2, §9)."""
 
 import numpy as np
 import pytest

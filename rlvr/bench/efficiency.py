@@ -6,7 +6,7 @@ Trains grpo, dapo, ar3po, aero and hora (`--algorithms` to choose) on the same c
 task, model, steps and prompts per step; only `algorithm=` and `run.seed=` differ between runs
 (the tiny model is warm-started once, with the config's seed, and every run starts from it).
 From each run's metrics.jsonl (rlvr/bench/reduce.py):
-  - responses generated per step and per prompt (ALGORITHMS.md 3.7: fresh responses only,
+  - responses generated per step and per prompt (docs/ALGORITHMS.md 3.7: fresh responses only,
     every generated group counted, DAPO's filtered over-sampling included: the learner logs
     `gen/responses_per_step` over all groups generated for the step), whole-run mean and
     last-10% mean, and per prompt that reached the loss;

@@ -128,7 +128,7 @@ def first_reach(rows: list[dict], key: str, target: float) -> dict | None:
 
 
 def run_efficiency(rows: list[dict], target_acc: float | None) -> dict:
-    """One run's sample cost and accuracy (ALGORITHMS.md 3.7: whole-run mean and last-10% mean
+    """One run's sample cost and accuracy (docs/ALGORITHMS.md 3.7: whole-run mean and last-10% mean
     of responses per step; reused responses are never counted, the learner logs fresh ones)."""
     train = training_rows(rows)
     tail = train[-max(1, math.ceil(len(train) / 10)):] if train else []

@@ -5,7 +5,7 @@ forward in simulated time, exactly as learner/trainer.py, learner/coordinator.py
 actors/worker.py schedule them, and returns steps/min, busy fractions and the staleness reached.
 Pure: no I/O, no clock, no config objects; randomness only from the `seed` given.
 
-The schedule it plays (docs/ARCHITECTURE.md "How data flows"; ALGORITHMS.md 8.2):
+The schedule it plays (docs/ARCHITECTURE.md "How data flows"; docs/ALGORITHMS.md 8.2):
   - the learner gathers a step: it hands out work items of up to `prompts_per_work` prompts
     while the admission bound allows (`submitted + 1 <= (version + S + 1) * prompts_per_step`,
     S = max_staleness, 0 = sync), each to the actor with the fewest prompts in flight, and
