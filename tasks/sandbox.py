@@ -15,11 +15,12 @@ Why this shape:
   namespace (only a loopback, down), its own process ids (it is pid 1 there, so whatever it
   starts dies with it), and a mount namespace whose root is a jail: the system's libraries and
   the interpreter's prefix, read-only, and an empty /tmp, its working directory. Nothing else
-  of the machine (the project, the data, the run folder, /proc) is there. As root it also drops
-  to `nobody` (RLIMIT_NPROC is ignored for root); otherwise a user namespace lets it build the
-  jail as the calling user (untested on this machine, which runs as root).
-- The parent bounds the whole run by wall time and kills the process group at the end, whatever
-  the solution did (sleep, exit, spawn children).
+  of the machine (the project, the data, the run folder, /proc) is there. It then drops root for
+  a uid of its own, picked at random per run (RLIMIT_NPROC counts a uid's processes across the
+  machine, and root ignores it), so it holds no capability to undo any of this. It runs only as
+  root: a user namespace would leave the solution the capabilities to leave its chroot.
+- The parent bounds the whole run by wall time, writes included, and kills the solution at the
+  end, whatever it did (sleep, exit, spawn children); a sandbox whose caller dies is killed too.
 
 If the namespaces cannot be created the run fails closed: every test scores 0 with the reason.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
 import resource
 import select
 import signal
@@ -38,9 +40,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
+CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
 MS_REC, MS_PRIVATE = 0x4000, 1 << 18
-NOBODY = 65534
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class Limits:
     cpu_s: int = 5
     memory_mb: int = 512
     file_mb: int = 1
-    processes: int = 16  # beyond the caller's own (non-root) or nobody's (root)
+    processes: int = 16  # of the run's own uid
     open_files: int = 64
 
 
@@ -67,6 +68,9 @@ import os
 # the solution runs as pid 1 of a new pid namespace: when it ends or is killed, the kernel kills
 # every process it started there, setsid or not
 pid = os.fork()
+if pid == 0:  # killed when the process above dies (that one dies with the caller)
+    import ctypes
+    ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)
 if pid:  # the parent kills the solution by this pid, then this process reaps it and ends
     os.write(1, b'{"pid": %d}\n' % pid)
     os._exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) & 0xFF)
@@ -121,21 +125,18 @@ def _bind_read_only(libc, source: str, jail: str) -> None:
            f"read-only {source}")
 
 
-def _confine(limits: Limits, jail: str, visible: tuple[str, ...], as_root: bool,
-             caller_processes: int) -> None:
+PR_SET_PDEATHSIG = 1
+UIDS = (1 << 20, 1 << 21)
+"""Each run takes a uid at random from here (no account needs to exist): RLIMIT_NPROC counts a
+uid's processes machine-wide, so runs at once (several actors, the learner's evaluation) must
+not share one, as they would sharing `nobody` (one solution's fork bomb would stop the others)."""
+
+
+def _confine(limits: Limits, jail: str, visible: tuple[str, ...], uid: int) -> None:
     """preexec_fn, in the child before exec: new namespaces, a jail that holds only `visible`
-    (read-only) and an empty /tmp, limits, and (as root) no privileges."""
+    (read-only) and an empty /tmp, limits, and a uid of its own without privileges."""
     libc = _libc()
-    uid, gid = os.getuid(), os.getgid()
-    flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | (0 if as_root else CLONE_NEWUSER)
-    _check(libc.unshare(flags), "unshare")
-    if not as_root:  # the caller stays itself, mapped to root of the user namespace to mount
-        with open("/proc/self/setgroups", "w") as f:
-            f.write("deny")
-        with open("/proc/self/uid_map", "w") as f:
-            f.write(f"0 {uid} 1")
-        with open("/proc/self/gid_map", "w") as f:
-            f.write(f"0 {gid} 1")
+    _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID), "unshare")
     _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
     _check(libc.mount(b"tmpfs", jail.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
                       f"size={limits.file_mb * 4 + 1}m,mode=755".encode()), "tmpfs jail")
@@ -152,14 +153,12 @@ def _confine(limits: Limits, jail: str, visible: tuple[str, ...], as_root: bool,
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_mb * mb, limits.file_mb * mb))
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if as_root:  # root ignores RLIMIT_NPROC: nobody's processes are counted instead
-        os.setgroups([])
-        os.setgid(NOBODY)
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
-        os.setuid(NOBODY)
-    else:
-        cap = caller_processes + limits.processes
-        resource.setrlimit(resource.RLIMIT_NPROC, (cap, cap))
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)  # every capability goes with root: no chroot, mount or unshare from here
+    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")  # after setuid,
+    # which clears it: if the caller dies, so does the sandbox
 
 
 def _visible() -> tuple[str, ...]:
@@ -172,17 +171,6 @@ def _visible() -> tuple[str, ...]:
     return tuple(paths)
 
 
-def _processes_of(uid: int) -> int:
-    count = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.stat(f"/proc/{pid}").st_uid == uid:
-                count += 1
-        except FileNotFoundError:
-            pass
-    return count
-
-
 # ---- the parent's side -----------------------------------------------------------------------
 
 
@@ -190,34 +178,38 @@ def run_tests(source: str, function: str, tests: list[dict], limits: Limits = Li
     """How many of `tests` ({"args": [...], "expected": value}) `function` defined by `source`
     passes, run in the sandbox. A test passes when the returned value equals `expected` after a
     JSON round trip (tuples as lists)."""
-    as_root = os.getuid() == 0
-    caller = 0 if as_root else _processes_of(os.getuid())
+    if os.getuid() != 0:
+        return Result(0, len(tests), NOT_ROOT)
+    uid = random.SystemRandom().randrange(*UIDS)
     jail = tempfile.mkdtemp(prefix="rlvr-sandbox-")  # a mount point, empty outside the child
     try:
         proc = subprocess.Popen(
             [os.path.realpath(sys.executable), "-I", "-S", "-c", _CHILD], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={}, start_new_session=True,
-            preexec_fn=lambda: _confine(limits, jail, _visible(), as_root, caller), bufsize=0)
+            preexec_fn=lambda: _confine(limits, jail, _visible(), uid), bufsize=0)
     except (OSError, subprocess.SubprocessError) as e:
         os.rmdir(jail)
         return Result(0, len(tests), f"sandbox did not start: {e}")
+    os.set_blocking(proc.stdin.fileno(), False)  # a write waits under the deadline, as reads do
     deadline = time.monotonic() + limits.wall_s
     reader = _Lines(proc.stdout.fileno())
     passed, error, solution = 0, None, None
     try:
         solution = (reader.next(deadline) or {}).get("pid")
-        _send(proc, {"source": source, "function": function})
+        if not isinstance(solution, int):  # nothing to kill it by: do not start it
+            raise _Stop(_ended(proc, deadline))
+        _send(proc, {"source": source, "function": function}, deadline)
         first = reader.next(deadline)
         if first is None or "ready" not in first:
-            error = (first or {}).get("error") or _ended(proc, deadline)
-        else:
-            for test in tests:
-                _send(proc, test["args"])
-                reply = reader.next(deadline)
-                if reply is None:
-                    error = _ended(proc, deadline)
-                    break
-                passed += "value" in reply and reply["value"] == _plain(test["expected"])
+            raise _Stop((first or {}).get("error") or _ended(proc, deadline))
+        for test in tests:
+            _send(proc, test["args"], deadline)
+            reply = reader.next(deadline)
+            if reply is None:
+                raise _Stop(_ended(proc, deadline))
+            passed += "value" in reply and _same(reply["value"], test["expected"])
+    except _Stop as stop:
+        error = stop.why
     except OSError:  # the solution closed its end (exited)
         error = _ended(proc, deadline)
     finally:
@@ -226,14 +218,31 @@ def run_tests(source: str, function: str, tests: list[dict], limits: Limits = Li
     return Result(passed, len(tests), error)
 
 
-def _plain(value):
-    return json.loads(json.dumps(value))
+NOT_ROOT = ("the sandbox runs only as root (it gives each run a uid of its own and drops every "
+            "privilege); as another user a solution could undo its chroot")
 
 
-def _send(proc: subprocess.Popen, obj) -> None:
+class _Stop(Exception):
+    def __init__(self, why: str):
+        self.why = why
+
+
+def _same(value, expected) -> bool:
+    """Equal as JSON text: True is not 1, 1.0 is not 1 (a wrong type is a wrong answer)."""
+    return json.dumps(value, sort_keys=True) == json.dumps(expected, sort_keys=True)
+
+
+def _send(proc: subprocess.Popen, obj, deadline: float) -> None:
     data = memoryview((json.dumps(obj) + "\n").encode())
+    fd = proc.stdin.fileno()
     while data:
-        data = data[proc.stdin.write(data):]
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([], [fd], [], remaining)[1]:
+            raise _Stop("timed out")
+        try:
+            data = data[os.write(fd, data):]
+        except BlockingIOError:
+            continue
 
 
 class _Lines:
@@ -256,7 +265,7 @@ class _Lines:
         line, _, self.buffer = self.buffer.partition(b"\n")
         try:
             reply = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             return None
         return reply if isinstance(reply, dict) else None
 

@@ -117,15 +117,20 @@ def _on_alarm(signum, frame):
 
 def _bounded(judge: Callable[[str, str, dict], Score], text: str, answer: str, fields: dict,
              timeout_s: float) -> Score:
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
-    try:
-        return judge(text, answer, fields)
+    timed_out = Score.failed(f"timed out after {timeout_s} s")
+    try:  # the outer catch: the timer can fire in the handlers below, before it is disarmed
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        try:
+            return judge(text, answer, fields)
+        except _ItemTimeout:
+            return timed_out
+        except Exception:  # noqa: BLE001 - the reward function's own error scores 0, with why
+            return Score.failed(traceback.format_exc(limit=-8).strip())
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
     except _ItemTimeout:
-        return Score.failed(f"timed out after {timeout_s} s")
-    except Exception:  # noqa: BLE001 - the reward function's own error scores 0, with its reason
-        return Score.failed(traceback.format_exc(limit=-8).strip())
-    finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        return timed_out
 
 
 def _judge_of(check_ref: str, reward_ref: str) -> Callable[[str, str, dict], Score]:

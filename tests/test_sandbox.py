@@ -8,23 +8,29 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tasks.sandbox import Limits, run_tests
+from tasks.sandbox import UIDS, Limits, run_tests
 from tasks.verifier import Verifier
+from tests.conftest import ROOT
 
 ADD = [{"args": [1, 2], "expected": 3}, {"args": [5, 5], "expected": 10},
        {"args": [0, 0], "expected": 0}]
 
 
-def nobody_processes() -> list[str]:
-    out = subprocess.run(["ps", "-u", "nobody", "-o", "pid=,cmd="], capture_output=True,
+def sandbox_processes() -> list[str]:
+    """Live processes of the sandbox's uids, machine-wide (a zombie has ended: it waits for the
+    machine's init to reap it when its caller was killed)."""
+    out = subprocess.run(["ps", "-e", "-o", "uid=,stat=,pid=,cmd="], capture_output=True,
                          text=True)
-    return out.stdout.split("\n")[:-1]
+    return [line for line in out.stdout.splitlines()
+            if UIDS[0] <= int(line.split()[0]) < UIDS[1] and not line.split()[1].startswith("Z")]
 
 
 @pytest.fixture
@@ -39,9 +45,9 @@ def open_dir():
 
 @pytest.fixture(autouse=True)
 def nothing_left_running():
-    assert nobody_processes() == []
+    assert sandbox_processes() == []
     yield
-    assert nobody_processes() == []  # every process a solution started is gone with it
+    assert sandbox_processes() == []  # every process a solution started is gone with it
 
 
 def test_a_right_answer_passes_every_test_and_a_wrong_one_none():
@@ -177,3 +183,60 @@ def test_the_code_reward_scores_a_response_in_the_verifiers_child():
     assert scores[0].scores == {"tests_passed": 3.0, "sandbox_error": 0.0}
     assert scores[3].scores["sandbox_error"] == 1.0  # "no code" defines no function
     assert scores[4].error and "JSONDecodeError" in scores[4].error  # a bad row: counted
+
+
+def test_one_runs_fork_bomb_does_not_stop_another_run_beside_it():
+    bomb = "import os\ndef add(a, b):\n    while True:\n        try:\n            os.fork()\n" \
+           "        except OSError:\n            pass\n"
+    results = {}
+    threads = [threading.Thread(target=lambda: results.update(bomb=run_tests(
+                   bomb, "add", ADD, Limits(wall_s=4)))),
+               threading.Thread(target=lambda: results.update(plain=[run_tests(
+                   "def add(a, b):\n    return a + b\n", "add", ADD) for _ in range(5)]))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results["bomb"].passed == 0
+    assert [r.passed for r in results["plain"]] == [3] * 5  # each run has a uid of its own
+
+
+def test_forged_replies_and_a_full_pipe_do_not_outlast_the_wall_limit():
+    forger = ("import os, time\n"
+              "def add(a, b):\n"
+              "    os.write(1, b'{\"value\": true}\\n' * 3000)\n"
+              "    time.sleep(600)\n")
+    tests = [{"args": [i, 1], "expected": 1} for i in range(20000)]  # more args than a pipe holds
+    t0 = time.monotonic()
+    result = run_tests(forger, "add", tests, Limits(wall_s=2))
+    assert time.monotonic() - t0 < 4
+    assert result.passed == 0 and result.error == "timed out"  # true is not 1
+
+
+def test_a_reply_nested_past_the_parsers_depth_scores_zero_without_an_error_escaping():
+    deep = "def add(a, b):\n    import os; os.write(1, b'[' * 200000 + b']' * 200000 + b'\\n')\n"
+    assert run_tests(deep, "add", ADD[:1], Limits(wall_s=2)).passed == 0
+
+
+def test_a_sandbox_whose_caller_is_killed_dies_with_it():
+    caller = subprocess.Popen([sys.executable, "-c", (
+        "from tasks.sandbox import Limits, run_tests\n"
+        "run_tests('import time\\ndef add(a, b):\\n    time.sleep(600)\\n', 'add',"
+        " [{'args': [1, 2], 'expected': 3}], Limits(wall_s=600))\n")], cwd=ROOT)
+    deadline = time.monotonic() + 30
+    while not sandbox_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sandbox_processes(), "the sandbox never started"
+    time.sleep(0.5)  # the solution is sleeping now
+    caller.kill()
+    caller.wait()
+    deadline = time.monotonic() + 10
+    while sandbox_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # the fixture checks that none is left
+
+
+def test_it_refuses_to_run_as_another_user_than_root(monkeypatch):
+    monkeypatch.setattr(os, "getuid", lambda: 1000)
+    result = run_tests("def add(a, b):\n    return a + b\n", "add", ADD)
+    assert result.passed == 0 and "runs only as root" in result.error

@@ -72,7 +72,8 @@ class HFEngine:
         self._waiting: OrderedDict[int, _Request] = OrderedDict()
         self._kv = KVSlots()
         self._slots: list[_Request | None] = []  # the running request in each slot the cache uses
-        self._last = torch.zeros(0, dtype=torch.long)  # each slot's sampled token, not yet cached
+        # each slot's sampled token, not yet cached; on the model's device, as the tokens are
+        self._last = torch.zeros(0, dtype=torch.long, device=self.device)
 
     @classmethod
     def load(cls, model_path: str, device: str = "cpu", dtype: str = "float32",
