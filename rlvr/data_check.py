@@ -51,17 +51,16 @@ def _answer_check(reward: str):
     if reward == rewards.BUILTIN:
         return lambda a: None if answer_parses(a) else "is not parseable by math-verify"
     try:
-        check = getattr(rewards.resolve(reward), "check_answer", None)
+        checks = rewards.check_answers(reward)  # of each term of a weighted sum that has one
     except rewards.RewardError:  # check_reward reports it
-        check = None
-    if check is None:
-        return lambda a: None
+        checks = []
 
     def problem(answer: str) -> str | None:
-        try:
-            check(answer)
-        except Exception as e:  # noqa: BLE001 - the user's check says what is wrong its way
-            return f"is refused by {reward}'s check_answer: {type(e).__name__}: {_one_line(e)}"
+        for ref, check in checks:
+            try:
+                check(answer)
+            except Exception as e:  # noqa: BLE001 - the user's check says what is wrong its way
+                return f"is refused by {ref}'s check_answer: {type(e).__name__}: {_one_line(e)}"
         return None
     return problem
 
@@ -103,7 +102,7 @@ def check_reward(cfg: Config) -> str | None:
     if cfg.task.reward == rewards.BUILTIN:
         return None
     try:
-        rewards.resolve(cfg.task.reward)
+        rewards.resolve_judge(cfg.task.reward)
     except rewards.RewardError as e:
         return f"task.reward: {_one_line(e)}"
     return None

@@ -16,8 +16,16 @@ kill and restart as math-verify. An exception, a non-numeric or non-finite retur
 without "reward" scores 0 (acc False) and is counted in `reward/errors`; the actor logs the first
 such error's traceback once.
 
-`task.reward: math_verify` (the default) is `math_reward` below: 1 when the response's last
-\\boxed{...} equals the answer under math-verify, else 0.
+`task.reward: math_verify` (the default) is the built-in: 1 when the response's last
+\\boxed{...} equals the answer under math-verify, else 0 (tasks/verifier.py, with fast paths in
+the parent); `tasks.rewards:boxed_math` is the same verdict as a plain reward function.
+
+Several functions, weighted: `task.reward: "tasks.rewards:boxed_math + 0.2*mymod:brevity"`
+(a term is `[weight*]module:function`, the weight 1 when left out). The trained reward is the
+weighted sum; `acc` is the first term's (the task's correctness); each term's own reward is
+logged as `reward/<function>` and its named scores as `reward/<function>/<name>`. One term
+that fails (raises, returns a bad value) fails the whole score: 0, counted in `reward/errors`.
+A weight of 0, a weight that is not a finite number, or two terms of one function are refused.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -86,6 +95,98 @@ def resolve(ref: str) -> Callable:
     except ValueError:  # builtins without a signature: let the call say
         pass
     return fn
+
+
+@dataclass(frozen=True)
+class Term:
+    weight: float
+    ref: str  # "package.module:function"
+
+    @property
+    def name(self) -> str:
+        return self.ref.partition(":")[2]
+
+
+def parse_terms(spec: str) -> list[Term]:
+    """`task.reward` as its weighted terms ("mod:f", "mod:f + 0.2*mod:g", "-0.1*mod:h" ...);
+    RewardError on a term that is not `[weight*]module:function`, a weight that is 0 or not a
+    finite number, or one function twice."""
+    terms = []
+    for raw in spec.replace("- ", "+ -").split("+"):  # "a - 0.1*b" is "a + -0.1*b"
+        text = raw.strip()
+        weight_text, star, ref = text.rpartition("*")
+        if not star and text.startswith("-"):  # "-mod:f": weight -1
+            weight_text, star, ref = "-1", "*", text[1:]
+        try:
+            weight = float(weight_text) if star else 1.0
+        except ValueError:
+            raise RewardError(f"{text!r}: the weight {weight_text!r} is not a number") from None
+        if not math.isfinite(weight) or weight == 0:
+            raise RewardError(f"{text!r}: the weight must be a finite number other than 0 "
+                              f"(a term of weight 0 does nothing)")
+        terms.append(Term(weight, ref.strip()))
+    names = [t.name for t in terms]
+    if len(terms) > 1 and (clash := set(names) & set(RESERVED)):
+        raise RewardError(f"{spec!r}: reward/{sorted(clash)[0]} is the learner's own metric "
+                          f"(reserved: {', '.join(RESERVED)}); rename the function")
+    if len(set(names)) < len(names):
+        raise RewardError(f"{spec!r}: a function appears twice (its scores would be logged "
+                          "under one name)")
+    return terms
+
+
+def resolve_judge(spec: str) -> Callable[[str, str, dict], Score]:
+    """The (response, answer, fields) -> Score of `task.reward` (a user's function or a
+    weighted sum of several); every function imported and its signature checked now
+    (RewardError)."""
+    terms = parse_terms(spec)
+    fns = [resolve(t.ref) for t in terms]
+    if len(terms) == 1 and terms[0].weight == 1.0:
+        return lambda response, answer, fields: normalize(fns[0](response, answer, fields))
+
+    def judge(response: str, answer: str, fields: dict) -> Score:
+        total, scores, acc = 0.0, {}, False
+        for i, (term, fn) in enumerate(zip(terms, fns)):
+            try:
+                s = normalize(fn(response, answer, fields))
+            except Exception:  # noqa: BLE001 - the user's function: scored 0 with its name
+                return Score.failed(f"{term.ref}: {traceback.format_exc(limit=-8).strip()}")
+            if s.error is not None:
+                return Score.failed(f"{term.ref}: {s.error}")
+            total += term.weight * s.reward
+            acc = s.acc if i == 0 else acc
+            scores[term.name] = s.reward
+            scores.update({f"{term.name}/{k}": v for k, v in s.scores.items()})
+        return Score(total, acc, scores)
+
+    return judge
+
+
+def check_answers(spec: str) -> list[tuple[str, Callable]]:
+    """(function ref, its `check_answer`) of every term that has one (rlvr data check)."""
+    return [(t.ref, check) for t in parse_terms(spec)
+            if (check := getattr(resolve(t.ref), "check_answer", None)) is not None]
+
+
+def boxed_math(response: str, answer: str, fields: dict) -> float:
+    """The built-in math verdict as a reward function: 1.0 when the response's last \\boxed{}
+    equals the answer under math-verify, else 0.0 (a term of a weighted sum)."""
+    from tasks.verifier import extract_boxed, math_equal, quick_verdict
+
+    verdict = quick_verdict(response, answer)
+    if verdict is None:
+        verdict = math_equal(extract_boxed(response), answer)
+    return float(verdict)
+
+
+def _math_verify_parses(answer: str) -> None:
+    from math_verify import parse
+
+    if not parse("$" + answer + "$"):
+        raise ValueError("math-verify cannot parse it")
+
+
+boxed_math.check_answer = _math_verify_parses  # rlvr data check: every answer judgeable
 
 
 def normalize(value) -> Score:

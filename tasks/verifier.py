@@ -140,8 +140,7 @@ def _judge_of(check_ref: str, reward_ref: str) -> Callable[[str, str, dict], Sco
         module, _, name = check_ref.partition(":")
         check = getattr(importlib.import_module(module), name)
         return lambda boxed, answer, fields: Score.of_acc(bool(check(boxed, answer)))
-    fn = rewards.resolve(reward_ref)
-    return lambda response, answer, fields: rewards.normalize(fn(response, answer, fields))
+    return rewards.resolve_judge(reward_ref)
 
 
 def _serve(timeout_s: float, check_ref: str, reward_ref: str) -> None:
@@ -249,7 +248,7 @@ class Verifier:
         else:
             self._check_ref = f"{check.__module__}:{check.__qualname__}"
         if reward != BUILTIN:
-            rewards.resolve(reward)  # a bad name fails here, in one line, not in the child
+            rewards.resolve_judge(reward)  # a bad name fails here, in one line, not in the child
         self.reward = reward
         self.timeout_s = timeout_s
         self.startup_timeout_s = startup_timeout_s

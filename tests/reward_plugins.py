@@ -39,3 +39,8 @@ def two_args(response: str, answer: str) -> float:
 
 
 NOT_A_FUNCTION = 3
+
+
+def brevity(response: str, answer: str, fields: dict) -> dict:
+    """1 for an empty response, falling with its length; logs the length."""
+    return {"reward": 1.0 / (1.0 + len(response)), "chars": len(response)}

@@ -84,6 +84,17 @@ def test_data_check_asks_a_reward_function_of_the_users_about_each_answer(tmp_pa
                "JSONDecodeError" in x for x in lines)
 
 
+def test_data_check_asks_every_term_of_a_weighted_sum_that_can_check(tmp_path):
+    path = problems_file(tmp_path / "sum.jsonl", [{"prompt": "1+1=", "answer": "2"},
+                                                   {"prompt": "4+4=", "answer": "\\"}])
+    spec = "tests.reward_plugins:graded + 0.5*tasks.rewards:boxed_math"
+    out = run_rlvr("data", "check", *file_task(path, f"task.reward={spec}"))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"task.train_path {path}: 1 good rows, 1 bad" in out.stdout
+    assert "(sum:2): answer '\\\\' is refused by tasks.rewards:boxed_math's check_answer: " \
+        "ValueError: math-verify cannot parse it" in out.stdout
+
+
 def test_train_refuses_a_bad_row_in_one_line_before_any_process_starts(tmp_path, tiny_model):
     path = problems_file(tmp_path / "mixed.jsonl", [ROWS[0], ROWS[3], ROWS[5]])
     out = run_rlvr("train", *file_task(path, f"model.path={tiny_model}",

@@ -81,3 +81,46 @@ def test_a_misbehaving_function_scores_zero_is_counted_and_the_rest_are_scored(c
         assert v.errors == 8
     logged = [r.getMessage() for r in caplog.records if "reward/errors" in r.getMessage()]
     assert len(logged) == 1 and "Traceback" in logged[0] and "no verdict for raise" in logged[0]
+
+
+def test_a_weighted_sum_trains_on_the_sum_takes_acc_from_the_first_and_logs_each_term():
+    spec = ("tests.reward_plugins:exact - tests.reward_plugins:graded"
+            " + 0.5*tests.reward_plugins:brevity")
+    with Verifier(timeout_s=5.0, reward=spec) as v:
+        right, wrong = v.judge(["so 12", "so 1"], ["12", "12"], [{"level": 2}, {}])
+    assert right.reward == pytest.approx(1.0 + 0.5 / 6 - 0.5) and right.acc
+    assert right.scores == {"exact": 1.0, "exact/chars": 5.0, "exact/level": 2.0,
+                            "brevity": pytest.approx(1 / 6), "brevity/chars": 5.0, "graded": 0.5}
+    # acc is the first term's: the positive brevity term does not make a wrong answer right
+    assert wrong.reward == pytest.approx(0.5 / 5) and not wrong.acc
+
+
+def test_one_failing_term_fails_the_whole_score_with_its_name():
+    with Verifier(timeout_s=5.0, reward="tests.reward_plugins:graded + "
+                                        "0.1*tests.reward_plugins:misbehaving") as v:
+        failed, fine = v.judge(["raise", "x 7"], ["7", "7"])
+    assert (failed.reward, failed.acc) == (0.0, False)
+    assert "tests.reward_plugins:misbehaving" in failed.error and "ValueError" in failed.error
+    assert fine == Score(0.6, True, {"graded": 0.5, "misbehaving": 1.0})
+
+
+@pytest.mark.parametrize("spec, reason", [
+    ("tests.reward_plugins:exact + 0*tests.reward_plugins:graded", "other than 0"),
+    ("tests.reward_plugins:exact + nan*tests.reward_plugins:graded", "other than 0"),
+    ("tests.reward_plugins:exact + x*tests.reward_plugins:graded", "'x' is not a number"),
+    ("tests.reward_plugins:exact + 2*tests.reward_plugins:exact", "appears twice"),
+    ("tests.reward_plugins:exact + tests.reward_plugins:two_args", "must take"),
+])
+def test_a_bad_weighted_sum_is_refused_before_anything_starts(spec, reason):
+    with pytest.raises(RewardError) as e:
+        Verifier(reward=spec)
+    assert reason in str(e.value)
+
+
+def test_the_builtin_verdict_as_a_term_agrees_with_the_builtin():
+    answers = ["12", "0.5", "432", "1000"]
+    responses = ["\\boxed{12}", "\\boxed{\\frac{1}{2}}", "\\boxed{433}", "so \\boxed{1,000}"]
+    with Verifier(timeout_s=10.0) as builtin, \
+            Verifier(timeout_s=10.0, reward="tasks.rewards:boxed_math") as term:
+        assert [s.acc for s in builtin.judge(responses, answers)] == [True, True, False, True]
+        assert [s.acc for s in term.judge(responses, answers)] == [True, True, False, True]
