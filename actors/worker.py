@@ -10,6 +10,11 @@ longer than the time between syncs still ends), `recompute` stops them, keeps th
 decodes on from prompt + partial response re-prefilled under the new weights. In sync mode
 (bound 0) nothing is in flight when a sync arrives, so every policy stays exactly on-policy.
 
+An `EvalWork` (`run.eval_on: actors`) is read after the sync that published its version: the
+actor stops reading messages until the syncs before it are served, snapshots the weights it then
+holds and decodes the evaluation beside its training rows (actors/evaluation.py); the next sync
+is not held up by it. An actor that does not hold that version answers with a refusal.
+
 A failed broadcast (another actor died in it) leaves this actor's weights half-written: it then
 drops what it was decoding and generates nothing until the learner has formed a new weight group
 and sent the weights again, and it beats at once so the learner knows it is alive. It also beats
@@ -29,10 +34,12 @@ from collections.abc import Callable
 from transformers import AutoTokenizer
 
 from actors.engines import make_engine
+from actors.evaluation import TRAINING_STEPS_PER_EVAL_STEP, ActorEval, refusal
 from actors.stream import Rollouts, engine_load, to_group
 from tasks.verifier import Verifier
 from protocol.config import Config
-from protocol.messages import PROTOCOL_VERSION, Heartbeat, Hello, Shutdown, SyncWeights, Work
+from protocol.messages import (PROTOCOL_VERSION, EvalWork, Heartbeat, Hello, Shutdown,
+                               SyncWeights, Work)
 from protocol.transport import ActorEndpoint
 from protocol.weights import WeightGroup, WeightSyncError, connect_store, sync_goes_ahead
 
@@ -159,11 +166,17 @@ def run_actor(cfg: Config, actor_id: int, seed: int = 0) -> int:
     send(Hello, actor_id=actor_id, host=socket.gethostname(), pid=os.getpid())
     syncs: list[SyncWeights] = []  # announced, not yet served
     announced_at = 0  # rollouts.decode_steps when the first of them arrived
+    # an evaluation waits here until the syncs announced before it are served: its version is
+    # then the one the actor holds; nothing more is read meanwhile (a later sync stays queued)
+    eval_due: EvalWork | None = None
+    evals: list[ActorEval] = []  # running on snapshots of their versions' weights
     last_beat = time.monotonic()
     try:
         while True:
-            active = rollouts.decoding or rollouts.verify.pending or bool(syncs)
-            msg = endpoint.recv(0.0 if active else cfg.actors.heartbeat_s)
+            active = (rollouts.decoding or rollouts.verify.pending or bool(syncs) or bool(evals)
+                      or eval_due is not None)
+            msg = endpoint.recv(0.0 if active else cfg.actors.heartbeat_s) if eval_due is None \
+                else None
             while msg is not None:
                 match msg:
                     case SyncWeights():
@@ -175,6 +188,9 @@ def run_actor(cfg: Config, actor_id: int, seed: int = 0) -> int:
                         return 0
                     case Work():
                         rollouts.add_work(msg)  # held while a sync is pending or failed
+                    case EvalWork():
+                        eval_due = msg
+                        break
                 msg = endpoint.recv(0.0)
             if syncs and serve_syncs(cfg.actors.inflight_update, rollouts, weights, syncs,
                                      cfg.actors.abort_limit):
@@ -185,13 +201,35 @@ def run_actor(cfg: Config, actor_id: int, seed: int = 0) -> int:
                 syncs = []
                 if weights.version is None:
                     last_beat = 0.0  # beat now: the learner is sorting out who is alive
-            for result in rollouts.step(wait_s=0.002):
+            if eval_due is not None and not syncs:
+                if weights.version != eval_due.policy_version or cfg.actors.engine != "hf":
+                    why = (f"actors.engine {cfg.actors.engine} cannot keep a snapshot of the "
+                           "weights" if cfg.actors.engine != "hf" else
+                           f"this actor holds version {weights.version}")
+                    log.warning("evaluation %s of version %d refused: %s", eval_due.eval_id,
+                                eval_due.policy_version, why)
+                    endpoint.send(refusal(eval_due, actor_id, why, eval_due.policy_version))
+                else:
+                    evals.append(ActorEval(eval_due, engine, tokenizer, verifier))
+                eval_due = None
+            training = rollouts.decoding  # evaluation: in the idle time first, else a share
+            for result in rollouts.step(
+                    wait_s=0.0 if any(ev.engine.unfinished() for ev in evals) else 0.002):
                 version = -1 if weights.version is None else weights.version
                 endpoint.send(to_group(result, actor_id, version, engine_load(rollouts)))
+            for ev in list(evals):
+                ev.step(decode=not training
+                        or rollouts.decode_steps % TRAINING_STEPS_PER_EVAL_STEP == 0)
+                if ev.done:
+                    endpoint.send(ev.result(actor_id))
+                    ev.close()
+                    evals.remove(ev)
             if time.monotonic() - last_beat >= cfg.actors.heartbeat_s:
                 beat()
                 last_beat = time.monotonic()
     finally:
+        for ev in evals:
+            ev.close()
         weights.leave()
         rollouts.close()
         verifier.close()

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from learner.staleness import may_admit
-from protocol.messages import (PROTOCOL_VERSION, Group, Heartbeat, Hello, Prompt, RolloutSpec,
-                               Shutdown, SyncWeights, Work)
+from protocol.messages import (PROTOCOL_VERSION, EvalResult, Group, Heartbeat, Hello, Prompt,
+                               RolloutSpec, Shutdown, SyncWeights, Work)
 from protocol.transport import LearnerEndpoint, PeerGone, TransportError
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class Coordinator:
         self.members: frozenset[bytes] = frozenset()
         self._ids_seen: set[int] = set()
         self.departed: set[bytes] = set()  # peers known dead: connection closed, or replaced
+        self.on_eval = None  # run.eval_on actors: takes each EvalResult (learner/actor_eval.py)
 
     # -- messages ---------------------------------------------------------------------------
     def poll(self, timeout_s: float) -> bool:
@@ -96,6 +97,10 @@ class Coordinator:
                 self._beat(peer, msg, now)
             case Group():
                 self._ingest(peer, msg, now)
+            case EvalResult() if self.on_eval is not None:
+                if peer in self.actors:
+                    self.actors[peer].last_seen = now
+                self.on_eval(msg)
             case _:
                 self.stats["protocol/unexpected_kind"] += 1
         return True

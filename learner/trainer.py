@@ -26,6 +26,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from learner.actor_eval import ActorEvals
 from learner.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from learner.coordinator import Coordinator
 from learner.algorithms import AlgorithmState, build_step
@@ -43,6 +44,7 @@ from protocol.config_checks import config_warnings
 from protocol.transport import LearnerEndpoint
 from protocol.weights import WeightGroup, WeightSyncError, announce_sync, host_store
 from tasks.evaluation import evaluate
+from tasks.prompts import prompt_token_ids
 from tasks.sampling import HFSampler
 from tasks.verifier import Verifier
 
@@ -120,6 +122,15 @@ class Learner:
         self.sync_waits: list[float] = []  # learner waits of the syncs since the last step logged
         self._no_actors_since: float | None = None
         self.goldens = Goldens(self.prompts, self.verifier, self.tokenizer)  # GCPO
+        self.actor_evals = None
+        if cfg.run.eval_on == "actors":  # learner/actor_eval.py
+            self.actor_evals = ActorEvals(
+                self.eval_problems, [prompt_token_ids(self.tokenizer, p.question,
+                                                      cfg.task.prompt_template)
+                                     for p in self.eval_problems],
+                cfg.task.eval_samples, cfg.rollout.max_new_tokens, cfg.rollout.temperature,
+                run_dir)
+            self.coord.on_eval = self.actor_evals.receive
         self._write_processes()
         self.run_log = RunLog(run_dir, to_dict(cfg), wandb_mode=cfg.run.wandb,
                               progress=cfg.run.progress, total_steps=cfg.run.steps,
@@ -190,6 +201,8 @@ class Learner:
         lost = coord.reap(c.actors.heartbeat_timeout_s)  # reads what is waiting first
         if lost:
             self._write_processes()
+        if self.actor_evals:  # an evaluation whose share was on a lost actor is abandoned
+            self.actor_evals.check_actors(coord.actors)
         now = time.monotonic()
         if coord.actors:
             self._no_actors_since = None
@@ -206,6 +219,13 @@ class Learner:
         return evaluate(HFSampler(self.engine.module), self.tokenizer, self.eval_problems, self.verifier,
                         c.task.eval_samples, c.rollout.max_new_tokens, c.rollout.temperature,
                         c.task.prompt_template)
+
+    def _wait_for_actor_evals(self) -> None:
+        """The end of the run: every evaluation out on the actors is waited for (one whose
+        actor is lost is abandoned)."""
+        while self.actor_evals.waiting:
+            self.coord.poll(0.05)
+            self._keep_actors(reform=False)
 
     def _admit(self) -> None:
         c = self.cfg
@@ -282,7 +302,9 @@ class Learner:
         self._publish_weights()  # the actors start from the learner's exact weights
         self.sync_waits = []  # that first one waits for the actors to start: not a sync's cost
         t_start = time.time()
-        if self.step == 0:
+        if self.step == 0 and self.actor_evals:  # its row comes when the actors are done
+            self.actor_evals.due(self.coord, self.version, self.step)
+        elif self.step == 0:
             self.run_log.log(0, {**self._evaluate(), "time_s": 0.0}, policy_version=0)
         while self.step < c.run.steps:
             t_step = time.time()
@@ -320,7 +342,16 @@ class Learner:
                 metrics["sync/count"] = len(self.sync_waits)
                 self.sync_waits = []
             if self.step % c.run.eval_every == 0 or self.step == c.run.steps:
-                metrics.update(self._evaluate())
+                if self.actor_evals:  # of the version the actors hold, without waiting
+                    self.actor_evals.due(self.coord, self.actors_version, self.step,
+                                         final=self.step == c.run.steps)
+                else:
+                    metrics.update(self._evaluate())
+            if self.actor_evals:
+                if self.step == c.run.steps:
+                    self._wait_for_actor_evals()
+                metrics.update(self.actor_evals.row_metrics(self.coord, self.actors_version,
+                                                            self.step))
             step_time = time.time() - t_step
             metrics["perf/step_time"] = step_time
             metrics["learner/ranks"] = c.learner.ranks

@@ -12,7 +12,8 @@
                log-probs are finite and <= 1e-4 ("nan_logprob"), token ids lie in
                [0, vocab_size) ("token_out_of_vocab"), rewards are finite, version runs start
                at the sample's policy version and increase, counts are not negative
-               ("bad_schema").
+               ("bad_schema"); for `EvalResult`, one verdict per prompt in each list
+               ("length_mismatch") and no negative count ("bad_schema").
 
 Every refusal is a `ProtocolError` with a short machine-usable `reason` (one of `REASONS`) and a
 human `detail`; nothing else ever escapes `decode`. Never pickle: pickle on a socket is remote
@@ -29,7 +30,7 @@ from typing import get_args
 
 import msgspec
 
-from protocol.messages import PROTOCOL_VERSION, Group, Message
+from protocol.messages import PROTOCOL_VERSION, EvalResult, Group, Message
 
 MAX_BYTES = 64 * 1024 * 1024
 MAX_LOGPROB = 1e-4  # a log-probability is <= 0; allow float round-off above it, nothing more
@@ -93,6 +94,8 @@ def decode(data: bytes, max_bytes: int = MAX_BYTES, vocab_size: int | None = Non
         )
     if isinstance(msg, Group):
         check_group(msg, vocab_size)
+    elif isinstance(msg, EvalResult):
+        check_eval_result(msg)
     return msg
 
 
@@ -110,6 +113,16 @@ def _classify_invalid(data: bytes) -> str:
     if raw.get("kind") not in KINDS:
         return "unknown_kind"
     return "bad_schema"
+
+
+def check_eval_result(result: EvalResult) -> None:
+    """One verdict per prompt in both lists, counts not negative (the learner checks them
+    against its own k and prompts when it adds them up)."""
+    if not len(result.correct) == len(result.greedy) == len(result.greedy_texts):
+        raise ProtocolError("length_mismatch", f"eval {result.eval_id}: {len(result.correct)} "
+                            f"sample counts, {len(result.greedy)} greedy verdicts")
+    if any(c < 0 for c in result.correct) or result.tokens < 0 or not result.seconds >= 0:
+        raise ProtocolError("bad_schema", f"eval {result.eval_id}: a negative count or time")
 
 
 def check_group(group: Group, vocab_size: int | None = None) -> None:

@@ -115,6 +115,10 @@ def value_problems(cfg: Config) -> list[str]:
         found.append("'actors.kv_cache_gib' is required with actors.engine=vllm on CPU (vLLM "
                      "would otherwise reserve actors.gpu_memory_utilization of all RAM for each "
                      "actor's KV cache); e.g. actors.kv_cache_gib=1")
+    if run.eval_on == "actors" and a.engine != "hf":
+        found.append(f"'run.eval_on' actors needs actors.engine hf, got {a.engine!r}: an actor "
+                     "evaluates on a snapshot of the weights beside its training rows, and only "
+                     "the HF engine's model can be copied so (use run.eval_on=learner)")
     for key in ("zmq_port", "weights_port", "master_port"):
         if not 0 <= getattr(cfg.net, key) <= 65535:
             found.append(f"'net.{key}' must be a port in 0..65535 (0 = pick one), got "

@@ -25,6 +25,10 @@ class RunConfig:
     """Seed for data order, sampling and initialisation."""
     eval_every: int = 25
     """Held-out evaluation every this many steps (and before the first and after the last)."""
+    eval_on: Literal["learner", "actors"] = "learner"
+    """Who runs the held-out evaluation: the learner between two steps (training waits), or the
+    actors beside their training rows on a snapshot of the version just published (training
+    goes on; rows carry eval/version, the final evaluation is waited for; HF engine only)."""
     checkpoint_every: int = 50
     """Checkpoint every this many steps (and at the end); 0 = only at the end."""
     keep_checkpoints: int = 2
@@ -115,7 +119,8 @@ class TaskConfig:
     """The reward function: math_verify (built in: 1 when the response's last \\boxed{} equals
     the answer under math-verify, else 0) or "package.module:function", your own: it takes
     (response, answer, fields) and returns a float or a dict of named scores with "reward"
-    and optionally "acc" (tasks/rewards.py, README "Your own task")."""
+    and optionally "acc" (tasks/rewards.py, README "Your own task"); or a weighted sum of
+    such functions, "tasks.rewards:boxed_math + 0.2*mymod:brevity" (acc is the first term's)."""
     prompt_template: str = "{question}"
     """User turn text; real models want e.g. "{question} Please reason step by step, and put
     your final answer within \\boxed{{}}."."""

@@ -30,11 +30,18 @@ def evaluate(engine, tokenizer, problems: list[Problem], verifier: Verifier, k: 
     greedy_ok = [s.acc for s in verifier.judge(
         [tokenizer.decode(cs[0].token_ids, skip_special_tokens=True) for cs in greedy],
         [p.answer for p in problems], [p.fields for p in problems])]
+    return {**eval_metrics(problems, correct, greedy_ok, k), "timing/eval": time.time() - t0}
+
+
+def eval_metrics(problems: list[Problem], correct: list[int], greedy_ok: list[bool], k: int
+                 ) -> dict:
+    """eval/avg@k, eval/pass@k, eval/greedy, overall and per level, from each problem's count
+    of correct samples (of k) and its greedy verdict; the learner's evaluation and the actors'
+    (learner/actor_eval.py, which adds up the actors' parts) both end here."""
     metrics = {
         f"eval/avg@{k}": sum(correct) / (k * len(problems)),
         f"eval/pass@{k}": sum(pass_at_k(k, c, k) for c in correct) / len(problems),
         "eval/greedy": sum(greedy_ok) / len(problems),
-        "timing/eval": time.time() - t0,
     }
     for level in sorted({p.level for p in problems}):
         idx = [i for i, p in enumerate(problems) if p.level == level]

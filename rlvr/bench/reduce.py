@@ -225,6 +225,9 @@ def run_throughput(rows: list[dict], actors: int, skip_first: int = 1) -> dict:
         "window_steps": [window[0]["step"], window[-1]["step"]] if window else None,
         "window_s": seconds,
         "steps_per_min": ratio(60.0 * len(window), seconds),
+        # evaluations included: what a run with evaluation on the learner loses to them
+        "steps_per_min_with_eval": ratio(60.0 * len(window),
+                                         total(values(window, "perf/step_time"))),
         "gen_tokens_per_s": ratio(total(step_gen_tokens(r) for r in window), seconds),
         "train_tokens_per_s": ratio(total(step_train_tokens(r) for r in window), seconds),
         "learner_busy_frac": None if idle_frac is None else 1.0 - idle_frac,
@@ -247,11 +250,23 @@ def run_throughput(rows: list[dict], actors: int, skip_first: int = 1) -> dict:
         "len_trained_p90": mean(values(window, "resp/len_trained_p90")),
         "later_stage_frac": mean(values(window, "groups/later_stage_frac")),
         "later_stage_frac_trained": mean(values(window, "groups/later_stage_frac_trained")),
+        # held-out evaluation on the actors (run.eval_on actors): its tokens beside training's
+        "eval_tokens_share": eval_tokens_share(window),
         "G_s": mean(values(window, "perf/learner_idle_s")),
         "T_s": mean(step_busy_s(r) for r in window),
         "eval_avg@8": last_value(training_rows(rows), EVAL_AVG),
         "eval_pass@8": last_value(training_rows(rows), EVAL_PASS),
     }
+
+
+def eval_tokens_share(rows: list[dict]) -> float | None:
+    """The actors' held-out evaluation tokens (`eval/tokens`, run.eval_on actors) over all they
+    generated in `rows`; None without such an evaluation."""
+    evaluated = total(values(rows, "eval/tokens"))
+    trained = total(step_gen_tokens(r) for r in rows)
+    if evaluated is None or trained is None:
+        return None
+    return evaluated / (evaluated + trained)
 
 
 def length_quantiles(rows: list[dict], bin_width: int = 8) -> dict | None:
@@ -371,6 +386,17 @@ def throughput_targets(modes: dict[str, dict], bound: float | None, async_mode: 
                 f"learner wait per sync: async_s2_finish / async_s2_{policy} >= 5",
                 ratio(finish, modes[f"async_s2_{policy}"].get("learner_wait_s_per_sync")),
                 ">=", 5.0)
+    base, on_actors = modes.get("async_s2", {}), modes.get("async_s2_eval_actors", {})
+    if base and on_actors:
+        slowdown = ratio(on_actors.get("steps_per_min"), base.get("steps_per_min"))
+        share = on_actors.get("eval_tokens_share")
+        out["eval_on_actors_costs_its_token_share"] = target(
+            "async_s2_eval_actors steps/min / async_s2's >= 1 - the evaluation's token share",
+            slowdown, ">=", 1.0 - share if is_number(share) else None)
+        # the learner's idle share must not grow: it trains on while the actors evaluate
+        out["eval_on_actors_learner_busy"] = target(
+            "learner busy fraction: async_s2_eval_actors >= async_s2's",
+            on_actors.get("learner_busy_frac"), ">=", base.get("learner_busy_frac"))
     return out | {
         "async_fraction_of_overlap_bound": target(
             f"{async_mode} speedup / overlap bound >= 0.9", ratio(speedup, bound), ">=", 0.9),

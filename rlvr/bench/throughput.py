@@ -13,6 +13,12 @@ AR3PO's abort on first correct are modes too, selected with `--modes`:
   async_s2_finish / async_s2_continue / async_s2_abort / async_s2_recompute
                                  max_staleness=2 and that policy
   async_s2_first_correct_abort   max_staleness=2 with rollout.abort_on_first_correct=true
+Held-out evaluation during training is a mode too: async_s2_eval_learner and async_s2_eval_actors
+evaluate every 5 steps (`run.eval_on` learner or actors), to set beside async_s2 (evaluation
+only at the end); the targets then compare the actors' slowdown with the evaluation's share of
+the tokens they generate (`eval/tokens` against the training responses' tokens), and the two
+evaluation modes by steps/min with the evaluations' time included ("with eval": the learner's
+evaluation pauses training; every other rate leaves evaluation out).
 The table reports the learner's wait per weight sync (`sync/learner_wait_s`: from telling the
 actors to sync to the last one holding the weights) side by side.
 Evaluation runs only after the last step (run.eval_every = steps unless overridden). Numbers
@@ -44,6 +50,7 @@ from rlvr.bench.common import (machine, markdown_table, run_overrides, targets_t
 from rlvr.bench.reduce import overlap_bound, ratio, run_throughput, throughput_targets
 from learner.run_log import read_metrics
 
+EVAL_EVERY = 5  # the evaluation modes: held-out evaluation this often, in the steady window
 MODES = {
     "sync": ["mode=sync"],
     "async_s1": ["mode=async", "max_staleness=1"],
@@ -56,8 +63,13 @@ MODES = {
     "async_s2_recompute": ["mode=async", "max_staleness=2", "actors.inflight_update=recompute"],
     "async_s2_first_correct_abort": ["mode=async", "max_staleness=2",
                                      "rollout.abort_on_first_correct=true"],
+    "async_s2_eval_learner": ["mode=async", "max_staleness=2", f"run.eval_every={EVAL_EVERY}",
+                              "run.eval_on=learner"],
+    "async_s2_eval_actors": ["mode=async", "max_staleness=2", f"run.eval_every={EVAL_EVERY}",
+                             "run.eval_on=actors"],
 }
 DEFAULT_MODES = ("sync", "async_s1", "async_s2", "async_s4", "staged")
+EVAL_MODES = ("sync", "async_s2", "async_s2_eval_learner", "async_s2_eval_actors")
 INFLIGHT_MODES = ("sync", "async_s2_finish", "async_s2_continue", "async_s2_abort",
                   "async_s2_recompute")
 ASYNC_MODE = "async_s2"  # the one the speedup and the targets are about
@@ -117,14 +129,14 @@ def summarize(rows_by_mode: dict[str, list[dict]], actors: int, skip_first: int 
 
 
 def report(results: dict) -> str:
-    rows = [[mode, m["steps_per_min"], m["speedup_vs_sync"], m["fraction_of_overlap_bound"],
+    rows = [[mode, m["steps_per_min"], m.get("steps_per_min_with_eval"), m["speedup_vs_sync"], m["fraction_of_overlap_bound"],
              m["gen_tokens_per_s"], m["train_tokens_per_s"], m["learner_busy_frac"],
              m["actor_busy_frac"], m["sync_s_per_step"], _ms(m.get("learner_wait_s_per_sync")),
              m.get("gen_tokens_per_trained_prompt"), m.get("aborted_tokens_per_step"),
              m.get("engine_fill"), m.get("dropped_frac"), m["stale_max"],
              m.get("version_spread_max"), m["eval_avg@8"], m.get("eval_pass@8")]
             for mode, m in results["modes"].items()]
-    table = markdown_table(["mode", "steps/min", "x sync", "of bound", "gen tok/s",
+    table = markdown_table(["mode", "steps/min", "with eval", "x sync", "of bound", "gen tok/s",
                             "train tok/s", "learner busy", "actor busy", "sync s/step",
                             "learner wait ms/sync", "tok/trained prompt", "aborted tok/step",
                             "engine fill", "dropped", "stale max", "versions in a response",
