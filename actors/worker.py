@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from transformers import AutoTokenizer
+from tasks.tiny_model import load_tokenizer
 
 from actors.engines import make_engine
 from actors.evaluation import TRAINING_STEPS_PER_EVAL_STEP, ActorEval, refusal
@@ -146,7 +146,7 @@ def newest_epoch_syncs(syncs: list[SyncWeights]) -> list[SyncWeights]:
 
 
 def run_actor(cfg: Config, actor_id: int, seed: int = 0) -> int:
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    tokenizer = load_tokenizer(cfg.model.path)
     engine = make_engine(cfg.actors.engine, cfg.model.path, **engine_kwargs(cfg, seed))
     verifier = Verifier(cfg.actors.verifier_timeout_s, reward=cfg.task.reward)
     rollouts = Rollouts(engine, tokenizer, verifier, cfg.rollout.abort_on_first_correct)

@@ -97,12 +97,12 @@ class Follower:
     """Learner rank 1..R-1: an engine that does what rank 0's plans say, until `stop`."""
 
     def __init__(self, cfg: Config, run_dir: Path):
-        from transformers import AutoTokenizer
+        from tasks.tiny_model import load_tokenizer
 
         from learner.engine import build_engine, build_reference
 
         self.cfg, self.run_dir = cfg, run_dir
-        self.pad_id = AutoTokenizer.from_pretrained(cfg.model.path).pad_token_id
+        self.pad_id = load_tokenizer(cfg.model.path).pad_token_id
         self.engine = build_engine(cfg, cfg.model.path)
         self.reference = build_reference(cfg)  # the initial weights, never a checkpoint's
         self.channel = PlanChannel()

@@ -24,7 +24,7 @@ import socket
 import time
 from pathlib import Path
 
-from transformers import AutoTokenizer
+from tasks.tiny_model import load_tokenizer
 
 from learner.actor_eval import ActorEvals
 from learner.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -61,7 +61,7 @@ class Learner:
         self.preempt_requested = False
         self._checkpointed_step: int | None = None
         init_learner_distributed(cfg, rank=0, world_size=cfg.learner.ranks)
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+        self.tokenizer = load_tokenizer(cfg.model.path)
         self.engine = build_engine(cfg, cfg.model.path)
         self.reference = build_reference(cfg)  # KL: the initial weights, also after a resume
         self.followers = PlanChannel()  # learner ranks 1..R-1 (none with one rank)

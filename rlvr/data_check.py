@@ -118,7 +118,9 @@ def check_model(cfg: Config) -> str | None:
         return f"model.path {path}: no such folder (a Hugging Face model folder is expected)"
     if not (Path(path) / "config.json").is_file():
         return f"model.path {path}: no config.json (not a Hugging Face model folder)"
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
+
+    from tasks.tiny_model import load_tokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     try:
@@ -129,7 +131,7 @@ def check_model(cfg: Config) -> str | None:
         return (f"model.path {path}: model_type {getattr(config, 'model_type', '?')!r} is not an "
                 f"architecture transformers can load as a causal LM")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = load_tokenizer(path)
     except Exception as e:  # noqa: BLE001
         return f"model.path {path}: no loadable tokenizer: {_one_line(e)}"
     # without tokenizer files transformers still builds one, of a single token

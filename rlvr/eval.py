@@ -131,7 +131,7 @@ def evaluate_folder(path: str | Path, config: str | None = None, overrides: list
                     out: str | Path | None = None) -> dict:
     """Evaluate and write the metrics; returns {"metrics", "out", ...}."""
     import torch
-    from transformers import AutoTokenizer
+    from tasks.tiny_model import load_tokenizer
 
     from learner.data import held_out
     from tasks.evaluation import evaluate
@@ -143,7 +143,7 @@ def evaluate_folder(path: str | Path, config: str | None = None, overrides: list
     if k < 1:
         raise EvalError(f"--samples / task.eval_samples must be >= 1, got {k}")
     torch.manual_seed(cfg.run.seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     t0 = time.time()
     sampler = make_sampler(engine, model_dir, cfg)
     load_s = time.time() - t0

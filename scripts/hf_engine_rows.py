@@ -18,7 +18,7 @@ import sys
 import time
 
 import torch
-from transformers import AutoTokenizer
+from tasks.tiny_model import load_tokenizer
 
 from actors.engines.hf import HFEngine
 from learner.data import PromptStream
@@ -53,7 +53,7 @@ def main(config: str, rows: list[int]) -> None:
     cfg = load_config(config)
     path = ensure_warm_start(cfg)
     engine = HFEngine.load(str(path))
-    stream = PromptStream(cfg, AutoTokenizer.from_pretrained(path))
+    stream = PromptStream(cfg, load_tokenizer(path))
     prompts = [next(stream).prompt_token_ids for _ in range(max(rows))]
     for n in rows:
         for steady in (True, False):

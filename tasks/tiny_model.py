@@ -14,7 +14,7 @@ import string
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 PAD, EOS, USER, ASSISTANT = "<|pad|>", "<|eos|>", "<|user|>", "<|assistant|>"
@@ -41,6 +41,7 @@ def build_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
     vocab = {tok: i for i, tok in enumerate(specials + chars + fillers)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
     core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    core.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token="<|unk|>",
         additional_special_tokens=[USER, ASSISTANT],
@@ -52,6 +53,27 @@ def build_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
         raise ValueError(f"vocab_size {vocab_size} is below the {len(tok) - len(fillers)} "
                          "tokens the tokenizer needs")
     return tok
+
+
+def load_tokenizer(path: str | Path):
+    """A model folder's tokenizer, as saved. `AutoTokenizer` would pick the class from the
+    model's type instead (Qwen2Tokenizer for the tiny model's Qwen2 config), which rebuilds the
+    pre-tokenizer around the vocabulary and drops every space of a text it encodes: a prompt
+    "def f(x):" reached the model as "deff(x):", which the warm start never showed it. A
+    tokenizer saved as a plain `tokenizers` one (the tiny model's) is therefore loaded as one;
+    any other goes through AutoTokenizer."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    saved = Path(path) / "tokenizer_config.json"
+    if saved.exists() and json.loads(saved.read_text()).get("tokenizer_class") in (
+            "TokenizersBackend", "PreTrainedTokenizerFast"):
+        tok = PreTrainedTokenizerFast.from_pretrained(path)
+        if tok.backend_tokenizer.decoder is None:  # one character a token: join them as they are
+            tok.backend_tokenizer.decoder = decoders.Fuse()
+        return tok
+    return AutoTokenizer.from_pretrained(path)
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, hidden: int = 128, layers: int = 4,

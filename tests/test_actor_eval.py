@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from learner.actor_eval import ActorEvals
 from learner.checkpoint import latest_checkpoint
@@ -20,6 +20,7 @@ from protocol.messages import PROTOCOL_VERSION, EvalResult, EvalWork
 from tasks.arithmetic import Problem
 from tasks.evaluation import eval_metrics
 from tasks.prompts import prompt_token_ids
+from tasks.tiny_model import load_tokenizer
 from tasks.sampling import HFSampler
 from tests.conftest import quick_run_args, read_rows, run_rlvr
 
@@ -143,7 +144,7 @@ def test_actors_evaluate_what_the_learner_would_answer_for_answer(tmp_path, tiny
 
     cfg = load_config(run / "config.yaml", [], run_folder=True)
     hf = latest_checkpoint(run) / "hf"
-    tokenizer = AutoTokenizer.from_pretrained(hf)
+    tokenizer = load_tokenizer(hf)
     model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
     problems = held_out(cfg)
     assert evals[-1]["prompt_ids"] == [p.prompt_id for p in problems]
@@ -162,7 +163,7 @@ def test_a_sync_during_the_evaluation_does_not_reach_it(tiny_model):
     from protocol.messages import Prompt
     from tasks.verifier import Verifier
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer = load_tokenizer(tiny_model)
     problems = [Problem(f"p{i}", f"{i + 12}+{3 * i + 7}", str(4 * i + 19)) for i in range(6)]
     work = EvalWork(protocol_version=PROTOCOL_VERSION, policy_version=2, eval_id="v2-a0",
                     prompts=[Prompt(group_id=f"e{i}", prompt_id=p.prompt_id,

@@ -106,7 +106,7 @@ def table(summary: dict) -> str:
 
 def measure(pair: dict) -> dict:
     import torch
-    from transformers import AutoTokenizer
+    from tasks.tiny_model import load_tokenizer
 
     from actors.engines import make_engine
     from tasks.arithmetic import Arithmetic
@@ -121,7 +121,7 @@ def measure(pair: dict) -> dict:
                              kv_cache_gib=pair["kv_cache_gib"], seed=pair["seed"],
                              enforce_eager=pair["enforce_eager"])
     load_s = time.perf_counter() - t0
-    tok = AutoTokenizer.from_pretrained(pair["path"])
+    tok = load_tokenizer(pair["path"])
     problems = Arithmetic(levels=(2,), ops=("+",), eval_per_level=pair["prompts"]).eval_set()
     prompts = [prompt_token_ids(tok, p.question) for p in problems[:pair["prompts"]]]
     n = [pair["samples"]] * len(prompts)

@@ -135,14 +135,14 @@ def policy_update_seconds(cfg, tokenizer, groups: list, rounds: int = 4) -> list
 
 def run(config: str | None, out_dir: Path, overrides: list[str], messages: int,
         step_s: float | None) -> dict:
-    from transformers import AutoTokenizer
+    from tasks.tiny_model import load_tokenizer
 
     from rlvr.launch import resolve
     from protocol.config import Config, load_config, with_overrides
 
     cfg = load_config(config, overrides) if config else with_overrides(Config(), overrides)
     cfg = resolve(cfg, log=lambda line: print(line, flush=True))  # model path (warm start), ports
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    tokenizer = load_tokenizer(cfg.model.path)
     vocab = len(tokenizer)
     groups = make_groups(cfg, tokenizer, max(messages, cfg.rollout.prompts_per_step))
     codec = codec_rates(groups, vocab)

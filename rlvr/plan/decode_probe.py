@@ -45,7 +45,7 @@ def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
     """{"step_s", "row_s", "prefill_s", "prefill_row_s", "max_batch", "decode_points",
     "prefill_points"} for the run's engine (seconds; points as [rows, seconds])."""
     import torch
-    from transformers import AutoTokenizer
+    from tasks.tiny_model import load_tokenizer
 
     from actors.engines import make_engine
     from actors.worker import engine_kwargs
@@ -56,7 +56,7 @@ def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
     cfg = load_config(Path(run_dir) / "config.yaml", run_folder=True)
     torch.set_num_threads(cfg.actors.threads)
     engine = make_engine(cfg.actors.engine, cfg.model.path, **engine_kwargs(cfg))
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    tokenizer = load_tokenizer(cfg.model.path)
     prompts = [prompt_token_ids(tokenizer, p.question, cfg.task.prompt_template)
                for p in held_out(cfg)]
     if not prompts:
