@@ -163,6 +163,9 @@ def _shape_problems(cfg: Config) -> list[str]:
         found.append("warm_start.level_weights must have one weight per entry of task.levels")
     if cfg.task.kind == "file" and not cfg.task.train_path:
         found.append("task.train_path is required when task.kind is 'file'")
+    if cfg.warm_start.source == "task" and cfg.task.kind != "file":
+        found.append("'warm_start.source' task warm-starts the embedded tiny model on a file task's "
+                     f"solutions: it needs task.kind file (got {cfg.task.kind!r})")
     if cfg.actors.count < 1:
         found.append("actors.count must be >= 1")
     if cfg.learner.ranks < 1:

@@ -80,6 +80,10 @@ class WarmStartConfig:
     in one pass). null = one pass."""
     cache_dir: str = ".cache/rlvr"
     """Where warm-started models are cached, keyed by a hash of everything that shapes them."""
+    source: Literal["arithmetic", "task"] = "arithmetic"
+    """What the tiny model is warm-started on: the synthetic arithmetic task, or the task's own
+    training rows, imitating each row's solution (task.solution_field, required then) from the
+    same sloppy teacher: one digit wrong with probability label_noise (task.kind file)."""
     level_weights: tuple[float, ...] | None = None
     """Sampling weight of each of task.levels during the warm start; null = task.level_weights.
     A level weighted 0 here but not in task.level_weights is one the warm start never teaches:

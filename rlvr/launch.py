@@ -54,9 +54,10 @@ def free_port() -> int:
 def resolve(cfg: Config, log=print) -> Config:
     """Fill in what the run decides at launch: the model path and any port left at 0."""
     if not cfg.model.path:
-        if cfg.task.kind != "arithmetic":
-            raise ConfigError("model.path is required unless task.kind is 'arithmetic' "
-                              "(the embedded tiny model is warm-started on that task)")
+        if cfg.task.kind != "arithmetic" and cfg.warm_start.source != "task":
+            raise ConfigError("model.path is required unless task.kind is 'arithmetic' (the "
+                              "embedded tiny model is warm-started on that task) or "
+                              "warm_start.source is 'task' (on the file task's solutions)")
         from rlvr.warm_start import ensure_warm_start
 
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(

@@ -1,4 +1,6 @@
-"""Warm start of the embedded tiny model: short supervised training on the synthetic task.
+"""Warm start of the embedded tiny model: short supervised training on the synthetic task (or,
+with `warm_start.source: task`, on a file task's own solutions: each training row's solution field,
+one digit of it wrong with probability `label_noise`).
 
 RL from a random model learns nothing (every group is all-wrong), so the tiny default model is
 first trained on `\\boxed{answer}` targets. The targets come from a deliberately sloppy teacher:
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 
 from tasks.prompts import prompt_token_ids
 from tasks.arithmetic import Arithmetic, response_text
+from tasks.datasets import iterate_forever, load_problems
 from tasks.tiny_model import build_model, build_tokenizer
 from protocol.config import Config, load_config
 
@@ -42,6 +45,10 @@ def warm_start_key(cfg: Config) -> str:
                  cfg.task.prompt_template],
         "seed": cfg.run.seed, "format": 1,
     }
+    if cfg.warm_start.source == "task":  # the rows it imitates, by content
+        t = cfg.task
+        shaping["on_task"] = [hashlib.sha256(Path(t.train_path).read_bytes()).hexdigest(),
+                              t.prompt_field, t.answer_field, t.solution_field]
     # torch's CPU kernels differ by instruction set, and 1,200 steps of training amplify their
     # rounding into a different model: the demo's built with AVX-512 starts at eval/avg@8 0.343,
     # with AVX2 (ATEN_CPU_CAPABILITY=avx2, or a machine without AVX-512) at 0.295. A cache is
@@ -75,11 +82,16 @@ def corrupt_answer(answer: str, noise: float, rng: random.Random) -> str:
 def supervised_batch(tokenizer, problems, noise: float, rng: random.Random, template: str,
                      response_format: str = "boxed"):
     """(B, T) input ids and labels (-100 outside the response) for next-token training. With
-    the worked format the working is always right and only the boxed answer is sloppy."""
+    the worked format the working is always right and only the boxed answer is sloppy; with
+    response_format None the target is the problem's own solution, any digit of it sloppy."""
     rows = []
     for p in problems:
         prompt = prompt_token_ids(tokenizer, p.question, template)
-        text = response_text(p.question, corrupt_answer(p.answer, noise, rng), response_format)
+        if response_format is None:
+            text = corrupt_answer(p.solution, noise, rng)
+        else:
+            text = response_text(p.question, corrupt_answer(p.answer, noise, rng),
+                                 response_format)
         target = tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
         rows.append((prompt, target))
     width = max(len(a) + len(b) for a, b in rows)
@@ -133,21 +145,25 @@ def _train(cfg: Config, out: Path, log) -> None:
     model = build_model(tok, hidden=cfg.model.hidden, layers=cfg.model.layers,
                         heads=cfg.model.heads, ffn=cfg.model.ffn, seed=cfg.run.seed,
                         max_positions=cfg.model.max_positions)
-    task = Arithmetic(levels=cfg.task.levels, ops=cfg.task.ops, seed=cfg.run.seed,
-                      eval_per_level=cfg.task.eval_per_level)
     ws = cfg.warm_start
+    if ws.source == "task":
+        stream, response_format = task_solutions(cfg), None
+    else:
+        task = Arithmetic(levels=cfg.task.levels, ops=cfg.task.ops, seed=cfg.run.seed,
+                          eval_per_level=cfg.task.eval_per_level)
+        stream = task.train_stream(cfg.run.seed + 10_007, level_weights=warm_level_weights(cfg))
+        response_format = cfg.task.response_format
     opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
     warmup = max(1, ws.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / ws.steps)))
     rng = random.Random(cfg.run.seed)
-    stream = task.train_stream(cfg.run.seed + 10_007, level_weights=warm_level_weights(cfg))
     t0 = time.time()
     model.train()
     for step in range(ws.steps):
         batch = [next(stream) for _ in range(ws.batch_size)]
         ids, labels = supervised_batch(tok, batch, ws.label_noise, rng, cfg.task.prompt_template,
-                                       cfg.task.response_format)
+                                       response_format)
         opt.zero_grad()
         loss = supervised_backward(model, ids, labels, tok.pad_token_id, ws.micro_batch)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -160,6 +176,17 @@ def _train(cfg: Config, out: Path, log) -> None:
     model.generation_config.eos_token_id = tok.eos_token_id
     model.save_pretrained(out)
     tok.save_pretrained(out)
+
+
+def task_solutions(cfg: Config):
+    """The file task's training rows, shuffled endlessly, for `warm_start.source: task`; every row
+    must have a solution (a ValueError names the first that has none)."""
+    t = cfg.task
+    problems = load_problems(t.train_path, t.prompt_field, t.answer_field, t.solution_field)
+    if (bare := next((p for p in problems if not p.solution), None)) is not None:
+        raise ValueError(f"warm_start.source task imitates each row's solution, but row "
+                         f"{bare.prompt_id} of {t.train_path} has no {t.solution_field!r} field")
+    return iterate_forever(problems, cfg.run.seed + 10_007)
 
 
 def ensure_warm_start(cfg: Config, log=print, threads: int | None = None) -> Path:

@@ -103,8 +103,9 @@ def problem_from_row(
         raise DatasetError(
             f"{where}: field {solution_field!r} (solution) must be a string, got {_show(solution)}"
         )
+    level = row.get("level", 0)  # an integer "level" field gives eval/*/level<N> metrics
     return Problem(prompt_id=prompt_id, question=values["prompt"], answer=values["answer"],
-                   solution=solution, fields=row)
+                   level=level if type(level) is int else 0, solution=solution, fields=row)
 
 
 def _show(value: Any) -> str:

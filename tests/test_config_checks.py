@@ -72,6 +72,7 @@ REFUSED = [
     (["rollout.prompts_per_work=0"], "'rollout.prompts_per_work' must be > 0"),
     (["rollout.max_new_tokens=0"], "'rollout.max_new_tokens' must be > 0"),
     (["run.eval_every=0"], "'run.eval_every' must be > 0"),
+    (["warm_start.source=task"], "'warm_start.source' task warm-starts the embedded tiny model"),
     (["run.eval_on=actors", "actors.engine=vllm", "actors.kv_cache_gib=1"],
      "'run.eval_on' actors needs actors.engine hf"),
     (["run.checkpoint_every=-1"], "'run.checkpoint_every' must be >= 0"),

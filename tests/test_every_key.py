@@ -115,6 +115,7 @@ WHERE = {
     "aero.": ["algorithm=aero"], "hora.": ["algorithm=hora"], "dapo.": ["algorithm=dapo"],
     "mugrpo.": ["algorithm=mugrpo"], "gcpo.": ["algorithm=gcpo"],
     "actors.": ["actors.engine=vllm", "actors.kv_cache_gib=1"],
+    "warm_start.source": ["task.kind=file"],  # with the files the fixture writes
     "task.": ["task.kind=file"],  # with the files the fixture writes, but for:
 }
 ARITHMETIC = {"task.levels", "task.level_weights", "task.ops", "task.eval_per_level",
@@ -342,7 +343,8 @@ def base_for(key: str, task_files: list[str]) -> list[str]:
         prefix.endswith(".") and key.startswith(prefix)) for o in os]
     if key == "actors.engine":
         overrides = WHERE[key]
-    return overrides + (task_files if key.startswith("task.") else [])
+    on_files = key.startswith("task.") or key == "warm_start.source"
+    return overrides + (task_files if on_files else [])
 
 
 def test_every_key_acts_is_pinned_by_a_run_or_has_one_value(task_files):
