@@ -1,14 +1,11 @@
 """The generated code task (tasks/code_task.py): the shipped rows are the
-generator's, the held-out split is apart, a golden solution passes every hidden test in the
-sandbox and the sloppy teacher's one wrong digit fails some."""
+generator's, the held-out split is apart, every row passes data check (a golden solution
+passing its tests in the sandbox is in tests/test_sandbox.py, with every test that runs one)."""
 
 from __future__ import annotations
 
 import json
-import random
 
-from rlvr.warm_start import corrupt_answer
-from tasks.code import unit_tests
 from tasks.code_task import EVAL_PER_LEVEL, LEVELS, split
 from tasks.tiny_model import load_tokenizer
 from tests.conftest import ROOT, run_rlvr
@@ -26,16 +23,6 @@ def test_the_shipped_rows_are_the_generators_and_the_split_keeps_them_apart():
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in held_out}
     assert [sum(r["level"] == level for r in held_out) for level in LEVELS] == \
         [EVAL_PER_LEVEL] * len(LEVELS)
-
-
-def test_a_golden_solution_passes_every_test_and_one_wrong_digit_fails_some():
-    rng = random.Random(0)
-    for row in rng.sample(rows("eval.jsonl") + rows("train.jsonl"), 6):
-        golden = unit_tests(row["solution"], row["answer"], {})
-        assert golden["acc"] and golden["reward"] == 1.0, row
-        sloppy = corrupt_answer(row["solution"], 1.0, rng)
-        assert sloppy != row["solution"]
-        assert unit_tests(sloppy, row["answer"], {})["reward"] < 1.0, (sloppy, row)
 
 
 def test_data_check_accepts_every_row_of_the_code_task():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from rlvr.warm_start import corrupt_answer
+from tasks.code import unit_tests
 from tasks.sandbox import UIDS, Limits, run_tests
 from tasks.verifier import Verifier
 from tests.conftest import ROOT
@@ -45,6 +48,8 @@ def open_dir():
 
 @pytest.fixture(autouse=True)
 def nothing_left_running():
+    # machine-wide: every test that runs a sandbox lives in this module, so that pytest-xdist
+    # (--dist loadscope) runs them one after another on one worker
     assert sandbox_processes() == []
     yield
     assert sandbox_processes() == []  # every process a solution started is gone with it
@@ -240,3 +245,18 @@ def test_it_refuses_to_run_as_another_user_than_root(monkeypatch):
     monkeypatch.setattr(os, "getuid", lambda: 1000)
     result = run_tests("def add(a, b):\n    return a + b\n", "add", ADD)
     assert result.passed == 0 and "runs only as root" in result.error
+
+
+def code_rows(name: str) -> list[dict]:
+    path = ROOT / "tasks" / "data" / "code" / name
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_golden_solution_passes_every_test_and_one_wrong_digit_fails_some():
+    rng = random.Random(0)
+    for row in rng.sample(code_rows("eval.jsonl") + code_rows("train.jsonl"), 6):
+        golden = unit_tests(row["solution"], row["answer"], {})
+        assert golden["acc"] and golden["reward"] == 1.0, row
+        sloppy = corrupt_answer(row["solution"], 1.0, rng)
+        assert sloppy != row["solution"]
+        assert unit_tests(sloppy, row["answer"], {})["reward"] < 1.0, (sloppy, row)
