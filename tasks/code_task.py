@@ -14,11 +14,11 @@ one line of code and no fence (tasks/code.py takes a response without a fence as
 
 Train on it with `task.kind=file task.train_path=tasks/data/code/train.jsonl
 task.eval_path=tasks/data/code/eval.jsonl task.reward=tasks.code:unit_tests
-warm_start.source=task`: the warm start then learns the rows' golden responses from a sloppy
-teacher, one digit wrong in label_noise of them (rlvr/warm_start.py). Measured so far (400 warm
-start steps of 64 rows, noise 0.35): greedy 0.625, avg@8 0.099 on the held-out rows; RL then
-lowers greedy (0.04 after 20 sync GRPO steps at lr 2e-4, 0.35 after 30 at 3e-5), a cause not
-found yet: there is no config for this task until it learns.
+warm_start.source=task` (configs/tiny-cpu-code.yaml): the warm start then learns the rows'
+golden responses from a sloppy teacher, one digit wrong in label_noise of them
+(rlvr/warm_start.py). Measured once each, sync GRPO, lr 2e-4, 20 steps: after 1,200 warm-start
+steps of 64 rows (loss 0.08) held-out avg@8 0.69 -> 0.815, greedy 1.0 -> 0.979; after 400
+(loss 0.17) greedy 0.625 -> 0.042: RL took the undertrained copy apart.
 """
 
 from __future__ import annotations
