@@ -198,16 +198,18 @@ def test_the_decode_probe_measures_that_rows_share_a_step_on_the_real_engine(tin
 
     cfg = load_config(TINY, [f"model.path={tiny_model}", "actors.max_batch=64"])
     write_resolved(cfg, tmp_path)
-    probe = measure_decode_cost(tmp_path, repeats=1)
+    # five repeats, and each size's fastest: the other test worker shares the two cores, and
+    # a moment it takes them only adds time (one 64-row prefill once took 36x one row's)
+    probe = measure_decode_cost(tmp_path, repeats=5)
     assert probe["max_batch"] == 64 and probe["engine"] == "hf"
     assert {n for n, _ in probe["prefill_points"]} == {1, 2, 4, 8, 16, 32, 64}
-    pre_one = np.mean([t for n, t in probe["prefill_points"] if n == 1])
-    pre_full = np.mean([t for n, t in probe["prefill_points"] if n == 64])
-    # calibrated: 7.36 +- 3.67 over 5 runs (tests/README.md)
-    record("prefill of 64 rows / prefill of one row", pre_full / pre_one, high=32)
+    pre_one = min(t for n, t in probe["prefill_points"] if n == 1)
+    pre_full = min(t for n, t in probe["prefill_points"] if n == 64)
+    # calibrated: 11.4 +- 1.95 over 5 runs beside two busy cores (tests/README.md)
+    record("prefill of 64 rows / prefill of one row, fastest of 5", pre_full / pre_one, high=32)
     assert pre_full < 64 * pre_one / 2  # a prefill of 64 rows is batched too
-    one = np.mean([t for n, t in probe["decode_points"] if n == 1])
-    full = np.mean([t for n, t in probe["decode_points"] if n == 64])
-    # calibrated: 2.75 +- 0.494 over 5 runs (tests/README.md)
-    record("decode step of 64 rows / step of one row", full / one, high=16)
+    one = min(t for n, t in probe["decode_points"] if n == 1)
+    full = min(t for n, t in probe["decode_points"] if n == 64)
+    # calibrated: 3.28 +- 0.549 over 5 runs beside two busy cores (tests/README.md)
+    record("decode step of 64 rows / step of one row, fastest", full / one, high=16)
     assert full < 64 * one / 4  # a step of 64 rows costs far less than 64 steps of one
