@@ -69,7 +69,7 @@ class PromptStream:
     def __init__(self, cfg: Config, tokenizer, start: int = 0, keep_solutions: bool = False):
         self.cfg, self.tokenizer, self.index = cfg, tokenizer, start
         self.keep_solutions = keep_solutions
-        self._solutions: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
+        self._solutions: OrderedDict[str, tuple[str, str | None, dict]] = OrderedDict()
         t = cfg.task
         if t.kind == "arithmetic":
             task = Arithmetic(levels=t.levels, ops=t.ops, seed=cfg.run.seed,
@@ -92,23 +92,26 @@ class PromptStream:
                         fields={} if self.cfg.task.reward == BUILTIN else p.fields)
         self.index += 1
         if self.keep_solutions:
-            self._solutions[prompt.group_id] = (p.answer, p.solution)
+            self._solutions[prompt.group_id] = (p.answer, p.solution, prompt.fields)
             if len(self._solutions) > _MAX_SOLUTIONS:
                 self._solutions.popitem(last=False)
         return prompt
 
-    def pop_solution(self, group_id: str) -> tuple[str, str | None] | None:
-        """(answer, golden solution or None) of a prompt handed out, forgotten once asked."""
+    def pop_solution(self, group_id: str) -> tuple[str, str | None, dict] | None:
+        """(answer, golden solution or None, the fields a reward function is given) of a prompt
+        handed out, forgotten once asked."""
         return self._solutions.pop(group_id, None)
 
     def solutions_of(self, group_ids: list[str]) -> dict[str, list]:
-        """The stored (answer, solution) of these group ids, for a checkpoint (GCPO)."""
+        """The stored (answer, solution, fields) of these group ids, for a checkpoint (GCPO)."""
         return {g: list(self._solutions[g]) for g in group_ids if g in self._solutions}
 
     def restore_solutions(self, solutions: dict[str, list]) -> None:
-        """Put a checkpoint's stored solutions back (the prompts it hands out again)."""
+        """Put a checkpoint's stored solutions back (the prompts it hands out again). A
+        checkpoint written before the fields were kept has (answer, solution): no fields."""
         if self.keep_solutions:
-            self._solutions.update((g, (a, s)) for g, (a, s) in solutions.items())
+            self._solutions.update((g, (saved[0], saved[1], saved[2] if len(saved) > 2 else {}))
+                                   for g, saved in solutions.items())
 
 
 def responses_cap(cfg: Config) -> int:

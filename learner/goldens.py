@@ -21,8 +21,9 @@ class Goldens:
             if known is None or any(s.acc for s in g.samples):
                 continue
             if g.prompt_id not in self.cache:
-                answer, solution = known
-                ok = solution is not None and self.verifier.score([solution], [answer])[0]
+                answer, solution, fields = known  # a reward function may read the row's fields
+                ok = solution is not None and self.verifier.judge([solution], [answer],
+                                                                  [fields])[0].acc
                 if len(self.cache) >= _MAX_GOLDENS:
                     self.cache.clear()
                 self.cache[g.prompt_id] = (

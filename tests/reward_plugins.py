@@ -44,3 +44,9 @@ NOT_A_FUNCTION = 3
 def brevity(response: str, answer: str, fields: dict) -> dict:
     """1 for an empty response, falling with its length; logs the length."""
     return {"reward": 1.0 / (1.0 + len(response)), "chars": len(response)}
+
+
+def by_level(response: str, answer: str, fields: dict) -> float:
+    """The built-in boxed check, for a row that names its level (a KeyError without fields)."""
+    level = fields["level"]
+    return float(level >= 1 and response.strip() == f"\\boxed{{{answer}}}")

@@ -21,4 +21,5 @@ def test_a_resumed_stream_continues_the_order_and_keeps_the_pending_prompts_solu
     resumed.restore_solutions(saved)
     assert next(resumed) == next(first)  # the stream goes on with the same problems
     for p in handed[1:]:
-        assert resumed.pop_solution(p.group_id) == (p.answer, first.pop_solution(p.group_id)[1])
+        assert resumed.pop_solution(p.group_id) == (p.answer, first.pop_solution(p.group_id)[1],
+                                                    p.fields)
