@@ -107,6 +107,10 @@ def launch(cfg: Config, run_dir: Path, resume: bool = False) -> int:
 
     actors = [start_actor(i) for i in range(cfg.actors.count)]
     restarts = 0
+    # `kill`, `timeout`, a container's stop: SIGTERM takes the Ctrl-C path below, which stops the
+    # learner and then every actor (by default it ended this process alone, and the learner, the
+    # actors and their verifiers ran on without it)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         while learner.poll() is None:
             if any(f.poll() not in (None, 0) for f in followers):  # rank 0 would wait forever
@@ -142,7 +146,14 @@ def launch(cfg: Config, run_dir: Path, resume: bool = False) -> int:
         # after a clean finish the actors have been told to shut down; otherwise nobody will
         grace_s = 20.0 if learner.poll() == 0 else 2.0
         stop_all(followers + actors, grace_s=grace_s)
+        if learner.poll() is None:  # it did not stop within its 30 s
+            stop_all([learner], grace_s=0.0)
+        signal.signal(signal.SIGTERM, previous)
     return learner.wait()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def stop_all(procs: list[subprocess.Popen], grace_s: float = 20.0) -> None:

@@ -231,3 +231,46 @@ def test_a_learner_killed_before_its_first_checkpoint_starts_again_cleanly_on_re
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["restarted_without_checkpoint"]["last_step"] == killed_at
     assert summary["restarted_without_checkpoint"]["set_aside_in"] == str(aside[0])
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process under `pid` (its children, theirs, ...)."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,stat="], capture_output=True, text=True)
+    children: dict[int, list[int]] = {}
+    for line in out.stdout.splitlines():
+        child, parent, stat = line.split()
+        if not stat.startswith("Z"):
+            children.setdefault(int(parent), []).append(int(child))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        return not Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_a_terminated_train_stops_its_learner_actors_and_verifiers(tmp_path, tiny_model):
+    """`kill`, `timeout` and a container's stop send SIGTERM to `rlvr train`: every process of
+    the run stops with it, none runs on orphaned."""
+    run = tmp_path / "runs" / "term"
+    proc = start_rlvr(*quick_run_args(run, tiny_model, "run.steps=100000", "actors.count=2"))
+    wait_for("a trained step", lambda: last_step(run) >= 2, proc)
+    started = descendants(proc.pid)
+    # the learner, two actors, and a verifier child under each
+    assert len(started) >= 5, started
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=90)
+    deadline = time.monotonic() + 10
+    while any(running(p) for p in started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in started if running(p)]
+    for pid in left:  # and keep them from holding the output pipe open, or the cores
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"{len(left)} of the run's {len(started)} processes outlived it"
