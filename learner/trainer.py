@@ -218,7 +218,7 @@ class Learner:
         c = self.cfg
         return evaluate(HFSampler(self.engine.module), self.tokenizer, self.eval_problems, self.verifier,
                         c.task.eval_samples, c.rollout.max_new_tokens, c.rollout.temperature,
-                        c.task.prompt_template)
+                        c.task.prompt_template, seed=c.run.seed)
 
     def _wait_for_actor_evals(self) -> None:
         """The end of the run: every evaluation out on the actors is waited for (one whose

@@ -151,7 +151,7 @@ def evaluate_folder(path: str | Path, config: str | None = None, overrides: list
     verifier = Verifier(cfg.actors.verifier_timeout_s, reward=cfg.task.reward)
     try:
         metrics = evaluate(sampler, tokenizer, problems, verifier, k, cfg.rollout.max_new_tokens,
-                           cfg.rollout.temperature, cfg.task.prompt_template)
+                           cfg.rollout.temperature, cfg.task.prompt_template, seed=cfg.run.seed)
     finally:
         verifier.close()
     if out is None:

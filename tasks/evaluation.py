@@ -3,11 +3,20 @@
 `evaluate` samples with any engine that has the actors' `generate` signature. The learner passes
 `tasks.sampling.HFSampler` around its own weights (the sampler the actors' HF engine uses), so a
 number logged at step s is the policy of step s, whatever the actors hold at that moment.
+
+With a `seed`, every evaluation samples from the same random numbers, drawn in the same order,
+and the global generator is left as it was. Two evaluations of nearly the same policy then pick
+nearly the same tokens, so the change of eval/avg@k between two steps is the policy's change,
+not sampling luck. Measured on the code task's warm start (48 held-out prompts, k = 16, eight
+evaluations with independent draws): avg@16 0.453 +- 0.024, so two evaluations of one model
+differed by 0.034 (one sd) with no learning at all; seeded, they are equal.
 """
 
 from __future__ import annotations
 
 import time
+
+import torch
 
 from tasks.arithmetic import Problem
 from tasks.eval_math import pass_at_k
@@ -16,10 +25,14 @@ from tasks.verifier import Verifier
 
 
 def evaluate(engine, tokenizer, problems: list[Problem], verifier: Verifier, k: int,
-             max_new_tokens: int, temperature: float, template: str) -> dict:
+             max_new_tokens: int, temperature: float, template: str, seed: int | None = None
+             ) -> dict:
     t0 = time.time()
     prompts = [prompt_token_ids(tokenizer, p.question, template) for p in problems]
-    outs = engine.generate(prompts, [k] * len(prompts), max_new_tokens, temperature)
+    with torch.random.fork_rng(devices=[], enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        outs = engine.generate(prompts, [k] * len(prompts), max_new_tokens, temperature)
     texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for cs in outs for c in cs]
     answers = [p.answer for p in problems for _ in range(k)]
     fields = [p.fields for p in problems for _ in range(k)]
