@@ -22,6 +22,12 @@ PLUGIN = textwrap.dedent('''
         return {"reward": float(boxed == answer), "boxed": float(boxed is not None)}
 ''')
 
+# Calibrated in tests/README.md. From the warm start built with AVX2 kernels, 40 steps and
+# 10-step windows gained 0.050 +- 0.033 (10 runs), a coin flip against the 0.05 bound this test
+# had (a fresh-clone CI run failed at 0.032): one step's mean reward varies by about 0.07, so
+# short windows measure the draw.
+STEPS, WINDOW, MIN_GAIN = 120, 20, 0.03
+
 
 @pytest.mark.slow
 def test_a_reward_function_of_the_users_trains_logs_its_scores_and_survives_its_errors(
@@ -30,21 +36,23 @@ def test_a_reward_function_of_the_users_trains_logs_its_scores_and_survives_its_
     run_dir = tmp_path / "runs" / "own"
     out = run_rlvr("train", str(TINY), f"run.out_dir={run_dir.parent}", "run.name=own",
                    f"model.path={demo_warm_model}", "run.wandb=disabled", "run.progress=false",
-                   "run.steps=40", "run.eval_every=1000", "task.eval_per_level=8",
+                   f"run.steps={STEPS}", "run.eval_every=1000", "task.eval_per_level=8",
                    "task.reward=my_reward:boxed_answer", env={"PYTHONPATH": str(tmp_path)},
                    timeout_s=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [r for r in read_rows(run_dir) if "reward/mean" in r]
-    assert len(rows) == 40
+    assert len(rows) == STEPS
     assert all(0.5 < r["reward/boxed"] <= 1 for r in rows)  # the warm start boxes its answers
     errors = sum(r["reward/errors"] for r in rows)
     responses = sum(r["gen/responses_per_step"] for r in rows)
-    # level 3 is a quarter of the prompts, and each of its responses is an error
+    # each response to a level-3 prompt is an error: a tenth of the prompts, but all wrong, they
+    # draw more responses than the others (0.16 of them in a 120-step run)
     assert 0.1 < errors / responses < 0.6, (errors, responses)
-    first, last = (statistics.mean(r["reward/mean"] for r in rows[i:i + 10]) for i in (0, 30))
-    record("user reward function: mean reward, steps 31-40 minus steps 1-10", last - first,
-           low=0.05)
-    assert last - first > 0.05, (first, last)
+    first, last = (statistics.mean(r["reward/mean"] for r in window) for window in
+                   (rows[:WINDOW], rows[-WINDOW:]))
+    record(f"user reward function: mean reward, last {WINDOW} steps minus first {WINDOW}",
+           last - first, low=MIN_GAIN)
+    assert last - first > MIN_GAIN, (first, last)
     log = (run_dir / "logs" / "actor-0.log").read_text()
     assert log.count("RuntimeError: level 3 is not mine to judge") == 1  # logged once, counted
 
