@@ -146,7 +146,7 @@ class Coordinator:
         while len(self.actors) < count:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {len(self.actors)} of {count} actors said hello "
-                                   f"within {timeout_s:.0f} s")
+                                   f"within {timeout_s:.0f} s (actors.start_timeout_s)")
             self.poll(0.1)
 
     # -- faults -----------------------------------------------------------------------------

@@ -298,7 +298,7 @@ class Learner:
 
     def run(self) -> None:
         c = self.cfg
-        self.coord.wait_for_actors(c.actors.count, c.weight_sync.timeout_s)
+        self.coord.wait_for_actors(c.actors.count, c.actors.start_timeout_s)
         self._publish_weights()  # the actors start from the learner's exact weights
         self.sync_waits = []  # that first one waits for the actors to start: not a sync's cost
         t_start = time.time()

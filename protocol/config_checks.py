@@ -66,7 +66,8 @@ def value_problems(cfg: Config) -> list[str]:
         "rollout.max_new_tokens": r.max_new_tokens,
         "task.eval_samples": t.eval_samples,  # avg@k divides by k
         "actors.threads": a.threads, "actors.max_batch": a.max_batch,
-        "actors.heartbeat_s": a.heartbeat_s, "actors.verifier_timeout_s": a.verifier_timeout_s,
+        "actors.heartbeat_s": a.heartbeat_s, "actors.start_timeout_s": a.start_timeout_s,
+        "actors.verifier_timeout_s": a.verifier_timeout_s,
         "learner.threads": cfg.learner.threads, "learner.micro_batch": cfg.learner.micro_batch,
         "weight_sync.timeout_s": ws.timeout_s, "weight_sync.bucket_mb": ws.bucket_mb,
         "warm_start.batch_size": cfg.warm_start.batch_size, "warm_start.lr": cfg.warm_start.lr,

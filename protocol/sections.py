@@ -258,6 +258,11 @@ class ActorsConfig:
     wait for room."""
     heartbeat_s: float = 2.0
     """Actor heartbeat period."""
+    start_timeout_s: float = 600.0
+    """How long the learner, once ready, waits for every actor's hello at the run's start: each
+    actor loads the model into its engine first (vLLM on CPU beside other work: over 2 minutes;
+    on GPU: loading weights and capturing CUDA graphs). The run stops naming this key when it
+    runs out."""
     heartbeat_timeout_s: float = 30.0
     """An actor silent this long (no heartbeat, no group) is taken for dead: its in-flight
     prompts are handed out again and the weight group is formed anew without it. The actor

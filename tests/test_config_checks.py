@@ -95,6 +95,7 @@ REFUSED = [
     (["actors.gpu_memory_utilization=0"], "'actors.gpu_memory_utilization' must be in"),
     (["learner.micro_batch=0"], "'learner.micro_batch' must be > 0"),
     (["weight_sync.timeout_s=0"], "'weight_sync.timeout_s' must be > 0"),
+    (["actors.start_timeout_s=0"], "'actors.start_timeout_s' must be > 0"),
     (["weight_sync.bucket_mb=0"], "'weight_sync.bucket_mb' must be > 0"),
     (["net.zmq_port=70000"], "'net.zmq_port' must be a port"),
     (["model.hidden=130"], "'model.hidden' .* must be a multiple of 'model.heads'"),

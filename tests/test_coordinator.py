@@ -212,6 +212,23 @@ def test_a_heartbeat_from_a_replaced_process_does_not_bring_it_back(learner):
     new.close()
 
 
+def test_the_start_waits_for_every_actors_hello_and_gives_up_naming_the_key(learner):
+    """The learner waits `actors.start_timeout_s` for the actors' hellos; the weight sync's own
+    timeout was used once, and a vLLM actor starting beside other work on a 2-core machine
+    outlasted its 120 s."""
+    coord = make_coordinator(learner)
+    a0 = ActorEndpoint("127.0.0.1", coord.endpoint.port, b"actor-0-100")
+    a0.send(Hello(protocol_version=V, policy_version=-1, actor_id=0, host="h", pid=100))
+    coord.wait_for_actors(1, timeout_s=5.0)  # a hello not read yet counts
+    assert list(coord.actors) == [b"actor-0-100"]
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"only 1 of 2 actors said hello within 1 s "
+                                           r"\(actors.start_timeout_s\)"):
+        coord.wait_for_actors(2, timeout_s=1.0)
+    assert 1.0 <= time.monotonic() - t0 < 3.0
+    a0.close()
+
+
 def test_a_checkpoint_keeps_every_prompt_not_yet_taken_and_a_resumed_coordinator_sends_it_first(
         learner):
     coord = make_coordinator(learner, max_staleness=1)

@@ -67,6 +67,8 @@ AT_RUN_TIME = {
     "actors.heartbeat_timeout_s": ("tests/test_slurm_cluster.py::test_a_real_async_run_is_"
                                    "preempted_requeued_and_resumes_without_gaps",
                                    "actors.heartbeat_timeout_s"),
+    "actors.start_timeout_s": ("tests/test_coordinator.py::test_the_start_waits_for_every_actors_"
+                               "hello_and_gives_up_naming_the_key", "start_timeout_s"),
     "weight_sync.timeout_s": ("tests/test_slurm_cluster.py::test_a_real_async_run_is_preempted_"
                               "requeued_and_resumes_without_gaps", "weight_sync.timeout_s"),
     "actors.max_restarts": ("tests/test_faults.py::test_an_actor_killed_twice_is_restarted_and_"
