@@ -211,6 +211,9 @@ def run_actor(cfg: Config, actor_id: int, seed: int = 0) -> int:
                     endpoint.send(refusal(eval_due, actor_id, why, eval_due.policy_version))
                 else:
                     evals.append(ActorEval(eval_due, engine, tokenizer, verifier))
+                    log.info("evaluation %s of version %d started: %d prompts x (%d samples + "
+                             "greedy)", eval_due.eval_id, eval_due.policy_version,
+                             len(eval_due.prompts), eval_due.k)
                 eval_due = None
             training = rollouts.decoding  # evaluation: in the idle time first, else a share
             for result in rollouts.step(
@@ -221,7 +224,10 @@ def run_actor(cfg: Config, actor_id: int, seed: int = 0) -> int:
                 ev.step(decode=not training
                         or rollouts.decode_steps % TRAINING_STEPS_PER_EVAL_STEP == 0)
                 if ev.done:
-                    endpoint.send(ev.result(actor_id))
+                    result = ev.result(actor_id)
+                    endpoint.send(result)
+                    log.info("evaluation %s sent: %d tokens in %.1f s", result.eval_id,
+                             result.tokens, result.seconds)
                     ev.close()
                     evals.remove(ev)
             if time.monotonic() - last_beat >= cfg.actors.heartbeat_s:

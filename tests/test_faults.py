@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -41,8 +42,15 @@ def wait_for(what: str, check, proc: subprocess.Popen, timeout_s: float = 180.0)
         if proc.poll() is not None:
             pytest.fail(f"run ended (code {proc.returncode}) before {what}:\n{proc.stdout.read()}")
         time.sleep(0.2)
-    proc.kill()
-    pytest.fail(f"timed out waiting for {what}:\n{proc.stdout.read()}")
+    # SIGTERM stops the run's learner, actors and verifiers (SIGKILL would leave them running
+    # and holding the pipe, so that reading the output would never end)
+    proc.terminate()
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out = "(rlvr train did not stop within 60 s of SIGTERM: killed, its output unread)"
+    pytest.fail(f"timed out waiting for {what}:\n{out}")
 
 
 def processes(run_dir: Path) -> dict:
@@ -144,6 +152,53 @@ def test_an_actor_killed_twice_is_restarted_and_the_run_finishes_with_no_group_t
     assert sorted(starts) == ["actor0-start0", "actor0-start1", "actor0-start2", "actor1-start0"]
     assert len({s["seed"] for s in starts.values()}) == 4
     assert {s["pid"] for s in starts.values()} >= set(killed)
+
+
+def evaluation_started(run_dir: Path, actor_id: int) -> int | None:
+    """The version of the first evaluation actor `actor_id` started decoding (its log says so)."""
+    log = run_dir / "logs" / f"actor-{actor_id}.log"
+    text = log.read_text() if log.exists() else ""
+    found = re.search(r"evaluation v(\d+)-a%d of version \d+ started" % actor_id, text)
+    return int(found.group(1)) if found else None
+
+
+def test_an_actor_killed_mid_evaluation_abandons_it_and_training_and_evaluation_go_on(
+        tiny_model, tmp_path):
+    """`run.eval_on: actors`: an actor SIGKILLed while it decodes its share of an evaluation
+    takes that evaluation with it (counted in eval/abandoned, never logged from the surviving
+    share alone), the learner keeps stepping, and the evaluations after the restart complete on
+    both actors."""
+    from protocol.exit_codes import REQUEUE_EXIT_CODE
+
+    run_dir = tmp_path / "eval-crash"
+    # 250 held-out prompts x 9 answers: a share takes an actor 4-8 s beside its training rows
+    proc = start_rlvr(*quick_run_args(run_dir, tiny_model, "run.steps=100000", "actors.count=2",
+                                      "mode=async", "max_staleness=1", "run.eval_on=actors",
+                                      "run.eval_every=3", "task.eval_per_level=100",
+                                      "run.checkpoint_every=100000", *FAST_FAULTS))
+    version = wait_for("actor 0 evaluating", lambda: evaluation_started(run_dir, 0), proc)
+    pid = processes(run_dir)["actors"]["0"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    killed_at = last_step(run_dir)
+    wait_for("actor 0 restarted", lambda: actor_pid(run_dir, 0, pid), proc)
+    wait_for("an evaluation of a later version complete on both actors", lambda: any(
+        r.get("eval/version", -1) > version and r.get("eval/actors") == 2
+        for r in read_rows(run_dir)), proc, timeout_s=300)
+    os.kill(processes(run_dir)["learner"]["pid"], signal.SIGUSR1)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == REQUEUE_EXIT_CODE, out
+    rows = read_rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, rows[-1]["step"] + 1))  # no step-0 row:
+    assert_no_group_trained_twice(rows)  # the evaluation before training is on the actors too
+    assert rows[-1]["faults/actors_lost"] == 1, learner_warnings(run_dir)
+    assert rows[-1]["eval/abandoned"] >= 1, learner_warnings(run_dir)
+    assert "the actor of share v%d-a0 was lost" % version in learner_warnings(run_dir)
+    # the killed evaluation's version is in no row and not in evals.jsonl: no half is logged
+    assert all(r.get("eval/version") != version for r in rows)
+    logged = [json.loads(line) for line in (run_dir / "evals.jsonl").read_text().splitlines()]
+    assert version not in [e["eval/version"] for e in logged]
+    # the learner went on stepping after the kill, while the evaluation was out and lost
+    assert rows[-1]["step"] > killed_at + 3
 
 
 def test_a_learner_killed_mid_run_resumes_losing_no_prompt_and_repeating_none(
