@@ -130,7 +130,6 @@ def evaluate_folder(path: str | Path, config: str | None = None, overrides: list
                     samples: int | None = None, engine: str = "hf", step: int | None = None,
                     out: str | Path | None = None) -> dict:
     """Evaluate and write the metrics; returns {"metrics", "out", ...}."""
-    import torch
     from tasks.tiny_model import load_tokenizer
 
     from learner.data import held_out
@@ -142,7 +141,6 @@ def evaluate_folder(path: str | Path, config: str | None = None, overrides: list
     k = cfg.task.eval_samples
     if k < 1:
         raise EvalError(f"--samples / task.eval_samples must be >= 1, got {k}")
-    torch.manual_seed(cfg.run.seed)
     tokenizer = load_tokenizer(model_dir)
     t0 = time.time()
     sampler = make_sampler(engine, model_dir, cfg)
