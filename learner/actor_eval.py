@@ -15,7 +15,8 @@ also appended to `RUN_DIR/evals.jsonl` with its per-prompt counts: when two comp
 step (only at the end), the row carries the newer one and counts the other in
 `eval/superseded`, and the file keeps both. An evaluation whose share was refused (the actor no
 longer held v), came back malformed, or whose actor was lost is abandoned: `eval/abandoned`
-counts it, a warning says why, and the next one is not held up.
+counts it, a warning says why, and the next one is not held up. The final one abandoned, the
+learner evaluates the final weights itself (`learner_fallback`, learner/trainer.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class _Outstanding:
     step: int  # the learner's step when it went out
     sent_at: float
     shares: dict[str, tuple[bytes, list[int]]]  # eval id -> (actor's peer, problem indices)
+    final: bool = False
     results: dict[str, EvalResult] = field(default_factory=dict)
 
 
@@ -52,6 +54,7 @@ class ActorEvals:
         self.out: list[_Outstanding] = []
         self.done: list[dict] = []  # complete, not yet in a metrics row
         self.deferred = False
+        self.final_complete = False  # the final evaluation came back whole
         self.abandoned = self.superseded = 0
 
     # -- sending ------------------------------------------------------------------------------
@@ -62,9 +65,9 @@ class ActorEvals:
             self.deferred = True
             return
         self.deferred = False
-        self._send(coord, version, step)
+        self._send(coord, version, step, final)
 
-    def _send(self, coord, version: int, step: int) -> None:
+    def _send(self, coord, version: int, step: int, final: bool) -> None:
         members = sorted((a for a in coord.actors.values() if a.rank > 0),
                          key=lambda a: a.actor_id)
         if not members:
@@ -88,7 +91,7 @@ class ActorEvals:
                 self._abandon(version, f"actor {actor.actor_id} could not be reached")
                 return
             shares[eval_id] = (actor.peer, idx)
-        self.out.append(_Outstanding(version, step, time.time(), shares))
+        self.out.append(_Outstanding(version, step, time.time(), shares, final))
 
     # -- receiving ----------------------------------------------------------------------------
     def receive(self, result: EvalResult) -> None:
@@ -106,6 +109,7 @@ class ActorEvals:
         if len(ev.results) == len(ev.shares):
             self.out.remove(ev)
             self.done.append(self._complete(ev))
+            self.final_complete |= ev.final
 
     def check_actors(self, live_peers) -> None:
         """Abandon the evaluations whose missing share's actor is gone."""
@@ -129,6 +133,16 @@ class ActorEvals:
         if self.deferred and not self.out:
             self.due(coord, version, step)
         return metrics
+
+    def learner_fallback(self, row: dict, evaluation: dict, version: int, step: int) -> dict:
+        """What the last step's `row` takes when the final evaluation did not come back whole:
+        `evaluation`, the learner's own of `version` (training is over: it stops nothing). An
+        older evaluation the row carried is superseded by it (counted)."""
+        if "eval/version" in row:
+            self.superseded += 1
+        return {**evaluation, "eval/version": version, "eval/step_sent": step, "eval/lag_steps": 0,
+                "eval/actors": 0, "eval/final_on_learner": 1, "eval/abandoned": self.abandoned,
+                "eval/superseded": self.superseded}
 
     @property
     def waiting(self) -> bool:

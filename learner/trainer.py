@@ -352,6 +352,12 @@ class Learner:
                     self._wait_for_actor_evals()
                 metrics.update(self.actor_evals.row_metrics(self.coord, self.actors_version,
                                                             self.step))
+                if self.step == c.run.steps and not self.actor_evals.final_complete:
+                    log.warning("the final evaluation did not come back from the actors "
+                                "(eval/abandoned): the learner evaluates version %d itself",
+                                self.version)
+                    metrics.update(self.actor_evals.learner_fallback(
+                        metrics, self._evaluate(), self.version, self.step))
             step_time = time.time() - t_step
             metrics["perf/step_time"] = step_time
             metrics["learner/ranks"] = c.learner.ranks

@@ -118,6 +118,32 @@ def test_a_lost_actor_abandons_its_evaluation(tmp_path):
     assert not evals.waiting and evals.row_metrics(coord, 4, 4)["eval/abandoned"] == 1
 
 
+def test_a_final_evaluation_that_does_not_come_back_is_the_learners_in_the_last_row(tmp_path):
+    evals, coord = book(tmp_path), Recorder(0, 1)
+    evals.due(coord, 3, 3)
+    evals.due(coord, 6, 6, final=True)
+    assert not evals.final_complete
+    for _, work in coord.sent[:2]:  # v3 comes back whole, the final one's actor is lost
+        evals.receive(answer(work, int(work.eval_id[-1]), [1] * len(work.prompts),
+                             [True] * len(work.prompts)))
+    del coord.actors[b"peer1"]
+    evals.check_actors(coord.actors)
+    assert not evals.waiting and not evals.final_complete
+    row = evals.row_metrics(coord, 6, 6)
+    assert row["eval/version"] == 3
+    learners = {"eval/avg@4": 0.5, "eval/greedy": 0.25}
+    row.update(evals.learner_fallback(row, learners, version=6, step=6))
+    assert row["eval/avg@4"] == 0.5 and row["eval/version"] == 6 and row["eval/actors"] == 0
+    assert row["eval/final_on_learner"] == 1 and row["eval/lag_steps"] == 0
+    assert row["eval/abandoned"] == 1 and row["eval/superseded"] == 1  # v3's left the row
+    (tmp_path / "whole").mkdir()
+    whole = book(tmp_path / "whole")
+    whole.due(coord, 6, 6, final=True)
+    work = coord.sent[-1][1]
+    whole.receive(answer(work, 0, [1] * 5, [True] * 5))
+    assert whole.final_complete
+
+
 def test_the_codec_refuses_a_result_whose_lists_disagree():
     bad = EvalResult(protocol_version=PROTOCOL_VERSION, policy_version=1, eval_id="v1-a0",
                      actor_id=0, correct=[1, 2], greedy=[True], greedy_texts=["a", "b"])

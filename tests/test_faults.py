@@ -154,11 +154,12 @@ def test_an_actor_killed_twice_is_restarted_and_the_run_finishes_with_no_group_t
     assert {s["pid"] for s in starts.values()} >= set(killed)
 
 
-def evaluation_started(run_dir: Path, actor_id: int) -> int | None:
-    """The version of the first evaluation actor `actor_id` started decoding (its log says so)."""
+def evaluation_started(run_dir: Path, actor_id: int, version: str = r"\d+") -> int | None:
+    """The version of the first evaluation (of `version`, a pattern) actor `actor_id` started
+    decoding (its log says so)."""
     log = run_dir / "logs" / f"actor-{actor_id}.log"
     text = log.read_text() if log.exists() else ""
-    found = re.search(r"evaluation v(\d+)-a%d of version \d+ started" % actor_id, text)
+    found = re.search(r"evaluation v(%s)-a%d of version \d+ started" % (version, actor_id), text)
     return int(found.group(1)) if found else None
 
 
@@ -199,6 +200,29 @@ def test_an_actor_killed_mid_evaluation_abandons_it_and_training_and_evaluation_
     assert version not in [e["eval/version"] for e in logged]
     # the learner went on stepping after the kill, while the evaluation was out and lost
     assert rows[-1]["step"] > killed_at + 3
+
+
+def test_a_final_evaluation_lost_with_its_actor_is_done_by_the_learner(tiny_model, tmp_path):
+    """The run's last number is its final evaluation: when its actor dies while decoding it,
+    the learner, done training, evaluates the final weights itself; the row says so."""
+    run_dir = tmp_path / "final-eval-crash"
+    steps = 12
+    proc = start_rlvr(*quick_run_args(run_dir, tiny_model, f"run.steps={steps}", "mode=async",
+                                      "max_staleness=1", "run.eval_on=actors",
+                                      "run.eval_every=1000", "task.eval_per_level=100",
+                                      *FAST_FAULTS))
+    wait_for("the final evaluation decoding", lambda: evaluation_started(run_dir, 0, str(steps)),
+             proc)
+    os.kill(processes(run_dir)["actors"]["0"]["pid"], signal.SIGKILL)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    last = read_rows(run_dir)[-1]
+    assert last["step"] == steps and last["eval/version"] == steps
+    assert last["eval/final_on_learner"] == 1 and last["eval/actors"] == 0
+    warnings = learner_warnings(run_dir)  # version 0's may still have been out: lost as well
+    assert last["eval/abandoned"] >= 1 and "the actor of share v%d-a0 was lost" % steps in warnings
+    assert "the learner evaluates version %d itself" % steps in warnings
+    assert 0.0 <= last["eval/avg@8"] <= last["eval/pass@8"] <= 1.0
 
 
 def test_a_learner_killed_mid_run_resumes_losing_no_prompt_and_repeating_none(
