@@ -30,8 +30,9 @@ MIN_GAIN = 0.03
 
 def test_a_sync_run_with_a_vllm_actor_is_exactly_on_policy(tmp_path, tiny_model):
     run = tmp_path / "sync"
+    # 600 s: beside the suite a vLLM actor has taken over 120 s to start (actors.start_timeout_s)
     done = run_rlvr(*quick_run_args(run, tiny_model, "algorithm=grpo", "mode=sync",
-                                    "run.steps=4", "run.eval_every=100", *VLLM))
+                                    "run.steps=4", "run.eval_every=100", *VLLM), timeout_s=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [r for r in read_rows(run) if r["step"] > 0]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
