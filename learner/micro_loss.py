@@ -167,6 +167,7 @@ def pg_loss(model, rows_k: list[Row], prox_k, ref_k, spec: UpdateSpec, pad_id: i
     sums["clip_low"] += (c_low * m).sum().item()
     sums["clip_high"] += (c_high * m).sum().item()
     sums["w"] += (w * m).sum().item()
+    sums["w_absdev"] += ((w - 1).abs() * m).sum().item()
     sums["w_trunc"] += (truncated * m).sum().item()
     sums["entropy"] += (entropy.detach() * m).sum().item()
     sums["tokens"] += m.sum().item()

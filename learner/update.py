@@ -316,6 +316,9 @@ def _metrics(sums, norms, rows_forward, rows, contrasts, engine, spec, pad_id, c
         "pg/clip_frac_low": per_token(sums["clip_low"]),
         "pg/clip_frac_high": per_token(sums["clip_high"]),
         "is/w_mean": per_token(sums["w"]),
+        # the mean weight stays near 1 however stale the data (E over the behaviour policy of
+        # pi/mu is 1); how far the behaviour policy is from the proximal one shows in |w - 1|
+        "is/w_absdev": per_token(sums["w_absdev"]),
         "is/w_truncated_frac": per_token(sums["w_trunc"]),
         "policy/entropy": per_token(sums["entropy"]),
         "train/rows_forward": int(_sum_over_ranks([rows_forward])[0]),
@@ -359,10 +362,9 @@ def _metrics(sums, norms, rows_forward, rows, contrasts, engine, spec, pad_id, c
     return metrics
 
 
-_SUM_KEYS = ("loss", "clip_low", "clip_high", "w", "w_trunc", "entropy", "tokens", "train_tokens",
-             "vetoed", "neg_tokens", "neg_rows", "neg_triggered", "triggers", "kl", "kl_tokens",
-             "gc_loss",
-             "gc_margin", "gc_margin_start", "gc_closed", "gc_seen",
+_SUM_KEYS = ("loss", "clip_low", "clip_high", "w", "w_absdev", "w_trunc", "entropy", "tokens",
+             "train_tokens", "vetoed", "neg_tokens", "neg_rows", "neg_triggered", "triggers", "kl",
+             "kl_tokens", "gc_loss", "gc_margin", "gc_margin_start", "gc_closed", "gc_seen",
              "m2po_tokens", "m2po_masked", "m2po_m2_before", "m2po_m2_after")
 
 

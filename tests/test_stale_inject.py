@@ -24,6 +24,10 @@ def test_every_trained_token_is_k_versions_old_and_a_resume_loses_nothing_in_the
         tmp_path, tiny_model):
     run_dir, steps, every = tmp_path / "inject", 8, 4
     proc = start_rlvr(*quick_run_args(run_dir, tiny_model, "algorithm=grpo", "mode=sync",
+                                      f"rollout.prompts_per_step={G}",
+                                      # one-digit sums: the quick warm start's groups on the
+                                      # demo's mix were 75-100% all wrong, no gradient, most steps
+                                      "task.level_weights=[1.0,0.0,0.0]",
                                       f"stale_inject={K}", f"run.steps={steps}",
                                       f"run.checkpoint_every={every}", "run.eval_every=100",
                                       *FAST_FAULTS))
@@ -41,6 +45,7 @@ def test_every_trained_token_is_k_versions_old_and_a_resume_loses_nothing_in_the
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     rows = read_rows(run_dir)
     assert_steps_continuous(rows, steps)
+    stale_seen = 0
     for r in rows[1:]:
         version = r["step"] - 1  # the learner's version while it trained this row's step
         start = 0 if r["step"] <= restart else restart  # the line fills again after a resume
@@ -50,8 +55,16 @@ def test_every_trained_token_is_k_versions_old_and_a_resume_loses_nothing_in_the
         assert r["stale/mean"] == r["stale/max"] == r["stale/oldest_token_max"] == lag
         assert r["groups/trained_first_versions"] == [version - lag] * G
         assert r["stale/line_groups"] == K * G  # filled at the first step, then one in one out
-        if lag == K:  # the decoupled weight saw it: behaviour log-probs from older weights
-            assert r["is/w_mean"] != pytest.approx(1.0, abs=1e-4)
+        # the decoupled weight sees it: behaviour log-probs from weights `lag` versions old.
+        # Measured mean |w - 1| per token: 2.2e-7 to 2.9e-7 at lag 0 (the same weights: float
+        # noise), 0.0045 to 0.11 at lags 1-3 (eight runs, two of them on one-digit sums only).
+        # w's own mean stays near 1 either way (E over the behaviour policy of pi/mu is 1): an
+        # assertion that it moved failed in CI at 1.00007.
+        absdev = r["is/w_absdev"]  # None: no group with gradient in the step
+        if absdev is not None:
+            assert (absdev < 1e-5) if lag == 0 else (absdev > 1e-4), (r["step"], lag, absdev)
+            stale_seen += lag > 0
+    assert stale_seen  # one-digit sums: 25-62% of a step's groups carried gradient, every step
     final = json.loads((run_dir / "checkpoints" / f"step_{steps:06d}" / "state.json").read_text())
     trained = [g for r in rows for g in r.get("groups/trained_ids", [])]
     pending = [p["group_id"] for p in final["coordinator"]["pending"]]

@@ -3,6 +3,7 @@ Mu-GRPO veto inside a real step, and the GCPO term. A plain torch optimizer stan
 DeepSpeed behind the same four calls the update makes."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -63,6 +64,16 @@ def test_the_proximal_ratio_truncates_the_weight_of_fresh_rows_and_replays_again
     assert old.tolist() == [[0.0] * 2, [0.0] * 2, [-5.0] * 2]
     assert w.tolist() == [[2.0] * 2, [1.0] * 2, [1.0] * 2]
     assert truncated.tolist() == [[True] * 2, [False] * 2, [False] * 2]
+
+
+def test_stale_rows_whose_weights_average_to_one_show_in_the_weights_distance_from_one(model):
+    # behaviour 0.1 nat below and above the proximal policy on every token: weights e^0.1 and
+    # e^-0.1, whose mean is 1.005 (a mean weight near 1 says nothing of staleness)
+    m = run(model, [row(model, 1.0, shift=-0.1), row(model, -1.0, shift=0.1)], LossConfig())
+    assert m["is/w_mean"] == pytest.approx((math.exp(0.1) + math.exp(-0.1)) / 2, rel=1e-5)
+    assert m["is/w_absdev"] == pytest.approx((math.exp(0.1) - math.exp(-0.1)) / 2, rel=1e-5)
+    on_policy = run(model, [row(model, 1.0), row(model, -1.0)], LossConfig())
+    assert on_policy["is/w_absdev"] == pytest.approx(0.0, abs=1e-6)
 
 
 def test_a_policy_recomputed_row_is_trained_with_weight_one_however_stale_its_logprobs(model):
