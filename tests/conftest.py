@@ -139,5 +139,6 @@ def assert_on_policy(rows: list[dict]) -> None:
     assert trained, "no step had a row carrying gradient: nothing to check"
     for r in rows:
         assert (r["is/w_mean"] is None) == (r["groups/frac_zero_adv_final"] == 1), r["step"]
-    for r in trained:
+    for r in trained:  # each token's weight, not only their mean (off-policy, it is near 1 too)
         assert abs(r["is/w_mean"] - 1.0) < 1e-3, (r["step"], r["is/w_mean"])
+        assert r["is/w_absdev"] < 1e-3, (r["step"], r["is/w_absdev"])
