@@ -13,7 +13,7 @@ from tests.calibration import record
 from tests.conftest import TINY, read_rows, run_rlvr
 
 # The user's module: their own answer check, a named score, and an error on the level-3
-# prompts (a quarter of the tiny task's), which reads the prompt's fields.
+# prompts (a tenth of the tiny task's), which reads the prompt's fields.
 PLUGIN = textwrap.dedent('''
     def boxed_answer(response, answer, fields):
         if fields["level"] == 3:
