@@ -10,16 +10,22 @@ when it has none. The reward is the fraction of tests passed, `acc` all of them 
 `reward/tests_passed` logs the count and `reward/sandbox_error` how often a run ended early (a
 timeout, a crash, a function that is not defined).
 
+Each verifier child keeps one sandbox (tasks/sandbox.py's `Sandbox`) for every response it
+scores, each response's code in a process of its own inside it; `reward/sandbox_started` is the
+share of responses that found no sandbox running (the first, and each after one that had to be
+killed: a timeout, a /tmp it could not empty).
+
 The sandbox's wall limit (`WALL_S`) sits under the verifier's per-item timeout
 (`actors.verifier_timeout_s`, 5 s by default): give that key more than WALL_S + 1.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import re
 
-from tasks.sandbox import Limits, run_tests
+from tasks.sandbox import Limits, Sandbox
 
 WALL_S = 3.0
 LIMITS = Limits(wall_s=WALL_S, cpu_s=2, memory_mb=512, file_mb=1, processes=16)
@@ -44,11 +50,17 @@ def parse_tests(answer: str) -> tuple[str, list[dict]]:
     return spec["function"], tests
 
 
+_SANDBOX = Sandbox(LIMITS)  # this process's: started at its first response, killed with it
+atexit.register(_SANDBOX.close)
+
+
 def unit_tests(response: str, answer: str, fields: dict) -> dict:
     function, tests = parse_tests(answer)  # a bad row raises: counted in reward/errors
-    result = run_tests(extract_code(response), function, tests, LIMITS)
+    starts = _SANDBOX.starts
+    result = _SANDBOX.run(extract_code(response), function, tests)
     return {"reward": result.passed / result.total, "acc": result.passed == result.total,
-            "tests_passed": result.passed, "sandbox_error": float(result.error is not None)}
+            "tests_passed": result.passed, "sandbox_error": float(result.error is not None),
+            "sandbox_started": float(_SANDBOX.starts > starts)}
 
 
 unit_tests.check_answer = parse_tests  # rlvr data check: every row's tests well-formed

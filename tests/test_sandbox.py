@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from rlvr.warm_start import corrupt_answer
+from tasks import code
 from tasks.code import unit_tests
-from tasks.sandbox import UIDS, Limits, run_tests
+from tasks.sandbox import UIDS, Limits, Result, Sandbox, run_tests
 from tasks.verifier import Verifier
 from tests.conftest import ROOT
 
@@ -148,6 +149,51 @@ def test_exiting_the_interpreter_scores_zero(exit_call):
     assert result.passed == 0
 
 
+# Each of these runs in the same sandbox as the probe after it; the probe passes only when nothing
+# of the one before reached it: /tmp empty, the harness's modules as they were, no process left.
+LEFTOVERS = {
+    "leaves a process": "import os, time\ndef add(a, b):\n    if os.fork() == 0:\n"
+                        "        os.setsid()\n        time.sleep(600)\n    return a + b\n",
+    "leaves a closed folder": "import os\nos.makedirs('/tmp/a/b')\nopen('/tmp/a/b/x', 'w')\n"
+                              "os.chmod('/tmp/a/b', 0)\nos.chmod('/tmp/a', 0)\n"
+                              "def add(a, b):\n    return a + b\n",
+    "fills /tmp": "def add(a, b):\n    for i in range(10):\n        try:\n"
+                  "            open(f'/tmp/{i}', 'wb').write(b'x' * 10 ** 6)\n"
+                  "        except OSError:\n            pass\n    return a + b\n",
+    "patches the modules": "import json, builtins\njson.dumps = lambda *a, **k: '{\"value\": 0}'\n"
+                           "json.loads = lambda s: [0, 0]\nbuiltins.len = None\n"
+                           "def add(a, b):\n    return a + b\n",
+    "signals every process": "import os, signal\ndef add(a, b):\n"
+                             "    for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP):\n"
+                             "        for pid in (-1, 1, os.getppid()):\n"
+                             "            try:\n                os.kill(pid, sig)\n"
+                             "            except OSError:\n                pass\n    return a + b\n",
+    "exits": "import os\ndef add(a, b):\n    os._exit(0)\n",
+}
+PROBE = ("import os\n"
+         "def add(a, b):\n"
+         "    return a + b if os.listdir('/tmp') == [] and len('ab') == 2 else None\n")
+
+
+@pytest.mark.parametrize("leftover", list(LEFTOVERS))
+def test_nothing_of_a_solution_reaches_the_next_in_one_sandbox(leftover):
+    with Sandbox(Limits(wall_s=5)) as sandbox:
+        assert sandbox.run(PROBE, "add", ADD).passed == 3
+        sandbox.run(LEFTOVERS[leftover], "add", ADD)
+        assert len(sandbox_processes()) == 2  # the harness and the process that reaps it
+        assert sandbox.run(PROBE, "add", ADD) == Result(3, 3)
+        assert sandbox.starts == 1  # the same sandbox went on
+
+
+def test_a_solution_past_the_wall_limit_costs_its_sandbox_and_the_next_run_starts_one():
+    with Sandbox(Limits(wall_s=2)) as sandbox:
+        sleeper = "import time\ndef add(a, b):\n    time.sleep(600)\n"
+        assert sandbox.run(sleeper, "add", ADD) == Result(0, 3, "timed out")
+        assert sandbox_processes() == []  # killed whole
+        assert sandbox.run(PROBE, "add", ADD) == Result(3, 3)
+        assert sandbox.starts == 2
+
+
 def test_the_network_is_out_of_reach():
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -185,7 +231,9 @@ def test_the_code_reward_scores_a_response_in_the_verifiers_child():
                          [TESTS] * 4 + ["not json"])
     assert [(s.reward, s.acc) for s in scores[:4]] == [(1.0, True), (1 / 3, False),
                                                        (1.0, True), (0.0, False)]
-    assert scores[0].scores == {"tests_passed": 3.0, "sandbox_error": 0.0}
+    assert scores[0].scores == {"tests_passed": 3.0, "sandbox_error": 0.0,
+                                "sandbox_started": 1.0}
+    assert [s.scores["sandbox_started"] for s in scores[1:4]] == [0.0] * 3  # one sandbox
     assert scores[3].scores["sandbox_error"] == 1.0  # "no code" defines no function
     assert scores[4].error and "JSONDecodeError" in scores[4].error  # a bad row: counted
 
@@ -252,11 +300,19 @@ def code_rows(name: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_a_golden_solution_passes_every_test_and_one_wrong_digit_fails_some():
+@pytest.fixture
+def code_reward():
+    """tasks.code's reward, called in this process: its sandbox stopped before the check that
+    nothing is left running."""
+    yield unit_tests
+    code._SANDBOX.close()
+
+
+def test_a_golden_solution_passes_every_test_and_one_wrong_digit_fails_some(code_reward):
     rng = random.Random(0)
     for row in rng.sample(code_rows("eval.jsonl") + code_rows("train.jsonl"), 6):
-        golden = unit_tests(row["solution"], row["answer"], {})
+        golden = code_reward(row["solution"], row["answer"], {})
         assert golden["acc"] and golden["reward"] == 1.0, row
         sloppy = corrupt_answer(row["solution"], 1.0, rng)
         assert sloppy != row["solution"]
-        assert unit_tests(sloppy, row["answer"], {})["reward"] < 1.0, (sloppy, row)
+        assert code_reward(sloppy, row["answer"], {})["reward"] < 1.0, (sloppy, row)
