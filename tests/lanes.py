@@ -3,7 +3,9 @@ worker runs whole, one test after another.
 
 The files that keep both cores busy (training runs, benches) form one lane, so that two of them
 never share the cores; the SLURM files form one lane because they share one cluster (a session
-fixture per worker, on fixed ports: two at once would collide); every other file is a lane of
+fixture per worker, on fixed ports: two at once would collide); the sandbox tests and the code
+task's training run form one lane (the first check machine-wide that no sandbox process is left,
+the second starts them all the time); every other file is a lane of
 its own (its module fixtures, a vLLM engine, start once) and goes to whichever worker is free,
 using the core the busy lane leaves idle. Measured on the whole suite run one test after
 another: 1.55 of 2 cores busy, 465 core-seconds idle.
@@ -21,13 +23,24 @@ BUSY_LANE = {"test_algorithms_e2e.py", "test_bench.py", "test_bench_generation.p
              "test_e2e.py", "test_e2e_learner.py", "test_faults.py", "test_faults_wire.py",
              "test_learner_ranks.py", "test_sweep.py", "test_calibration.py"}
 SLURM_LANE = {"test_slurm_cluster.py", "test_sweep_slurm.py"}
+# the sandbox tests check machine-wide that no sandbox process outlives its run; the code task's
+# training run starts sandboxes all the time
+SANDBOX_LANE = {"test_sandbox.py", "test_code_e2e.py"}
+# handed out only when every other lane is: the code task's run waits for its warm start (built in
+# the background from the session's start, tests/conftest.py), and a worker taking it early would
+# sit idle until then
+LAST_LANES = ("sandbox",)
 
 
 def lane(nodeid: str) -> str:
     """The lane of a test, from its node id ("tests/test_e2e.py::test_x[a]" -> "busy")."""
     path = nodeid.split("::", 1)[0]
     name = path.rsplit("/", 1)[-1]
-    return "busy" if name in BUSY_LANE else "slurm" if name in SLURM_LANE else path
+    for lane_name, files in (("busy", BUSY_LANE), ("slurm", SLURM_LANE),
+                             ("sandbox", SANDBOX_LANE)):
+        if name in files:
+            return lane_name
+    return path
 
 
 def make_scheduler(config, log):
@@ -42,5 +55,11 @@ def make_scheduler(config, log):
     class LaneScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return lane(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            for scope in LAST_LANES:
+                if scope in self.workqueue and len(self.workqueue) > 1:
+                    self.workqueue.move_to_end(scope)
+            super()._assign_work_unit(node)
 
     return LaneScheduling(config, log)

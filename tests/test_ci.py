@@ -23,7 +23,8 @@ def test_elsewhere_it_skips_with_its_reason(monkeypatch):
 
 
 LANE_FILES = {"test_e2e.py": "busy", "test_bench.py": "busy", "test_slurm_cluster.py": "slurm",
-              "test_sweep_slurm.py": "slurm", "test_codec.py": None, "test_plan.py": None}
+              "test_sweep_slurm.py": "slurm", "test_sandbox.py": "sandbox",
+              "test_code_e2e.py": "sandbox", "test_codec.py": None, "test_plan.py": None}
 
 
 def test_make_test_runs_each_lane_whole_on_one_worker(tmp_path):
@@ -48,8 +49,13 @@ def test_make_test_runs_each_lane_whole_on_one_worker(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ran = [line.split() for line in (tmp_path / "ran.log").read_text().splitlines()]
     assert len(ran) == 4 * len(LANE_FILES)
-    for lane in ("busy", "slurm"):
+    for lane in ("busy", "slurm", "sandbox"):
         workers = {w for w, name in ran if LANE_FILES[name] == lane}
         assert len(workers) == 1, (lane, ran)
     for name in LANE_FILES:  # a file is never split either
         assert len({w for w, n in ran if n == name}) == 1, (name, ran)
+    # the sandbox lane goes out last (LAST_LANES): its worker runs nothing after it
+    worker = next(w for w, name in ran if LANE_FILES[name] == "sandbox")
+    mine = [name for w, name in ran if w == worker]  # in the order that worker ran them
+    first = next(i for i, name in enumerate(mine) if LANE_FILES[name] == "sandbox")
+    assert all(LANE_FILES[name] == "sandbox" for name in mine[first:]), ran
