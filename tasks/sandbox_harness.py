@@ -98,8 +98,12 @@ def fate(pid: int) -> str:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             code = os.waitstatus_to_exitcode(status)
-            return (f"killed by {signal.Signals(-code).name}" if code < 0
-                    else f"exited with code {code}")
+            if code >= 0:
+                return f"exited with code {code}"
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:  # a real-time signal has no name
+                return f"killed by signal {-code}"
         time.sleep(0.01)
     return "stopped answering"
 
@@ -181,5 +185,7 @@ if __name__ == "__main__":
     # process in it. It dies with the process above (which dies with the caller)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no ptrace by a solution of the same uid
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python's own handler: with none, pid 1
+    #                                               takes no signal from its namespace
     serve(int(sys.argv[1]))
     _exit(0)

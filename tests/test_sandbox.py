@@ -20,7 +20,7 @@ import pytest
 from rlvr.warm_start import corrupt_answer
 from tasks import code
 from tasks.code import unit_tests
-from tasks.sandbox import UIDS, Limits, Result, Sandbox, run_tests
+from tasks.sandbox import UIDS, Limits, Result, Sandbox, _send, run_tests
 from tasks.verifier import Verifier
 from tests.conftest import ROOT
 
@@ -164,11 +164,13 @@ LEFTOVERS = {
                            "json.loads = lambda s: [0, 0]\nbuiltins.len = None\n"
                            "def add(a, b):\n    return a + b\n",
     "signals every process": "import os, signal\ndef add(a, b):\n"
-                             "    for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP):\n"
+                             "    for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP,\n"
+                             "                signal.SIGINT):\n"
                              "        for pid in (-1, 1, os.getppid()):\n"
                              "            try:\n                os.kill(pid, sig)\n"
                              "            except OSError:\n                pass\n    return a + b\n",
     "exits": "import os\ndef add(a, b):\n    os._exit(0)\n",
+    "dies by a real-time signal": "import os\ndef add(a, b):\n    os.kill(os.getpid(), 40)\n",
 }
 PROBE = ("import os\n"
          "def add(a, b):\n"
@@ -190,6 +192,49 @@ def test_a_solution_past_the_wall_limit_costs_its_sandbox_and_the_next_run_start
         sleeper = "import time\ndef add(a, b):\n    time.sleep(600)\n"
         assert sandbox.run(sleeper, "add", ADD) == Result(0, 3, "timed out")
         assert sandbox_processes() == []  # killed whole
+        assert sandbox.run(PROBE, "add", ADD) == Result(3, 3)
+        assert sandbox.starts == 2
+
+
+def test_no_shared_memory_or_message_queue_can_be_made_to_outlive_a_solution():
+    # System V objects live as long as their IPC namespace, the sandbox's: outside any
+    # solution's memory limit, and readable by the next one
+    ipc = ("import ctypes\n"
+           "def add(a, b):\n"
+           "    libc = ctypes.CDLL(None)\n"
+           "    made = [libc.shmget(0, 1 << 20, 0o1600), libc.msgget(0, 0o1600),\n"
+           "            libc.semget(0, 1, 0o1600)]\n"
+           "    return a + b if made == [-1, -1, -1] else None\n")
+    assert run_tests(ipc, "add", ADD) == Result(3, 3)
+
+
+class Interrupted(Exception):
+    """The verifier's per-item timer, say, firing inside a run."""
+
+
+def test_a_caller_interrupted_while_the_sandbox_cleans_up_leaves_nothing_to_the_next_run(
+        monkeypatch):
+    ask = Sandbox._ask
+
+    def interrupted_at_the_end(self, obj, deadline, kinds):
+        if obj == {"end": True}:  # sent, then interrupted while waiting for "clean"
+            _send(self._proc, obj, deadline)
+            raise Interrupted
+        return ask(self, obj, deadline, kinds)
+
+    with Sandbox() as sandbox:
+        monkeypatch.setattr(Sandbox, "_ask", interrupted_at_the_end)
+        with pytest.raises(Interrupted):
+            sandbox.run(PROBE, "add", ADD)
+        monkeypatch.setattr(Sandbox, "_ask", ask)
+        assert sandbox.run(PROBE, "add", ADD) == Result(3, 3)  # not the late "clean"
+
+
+def test_a_sandbox_killed_between_two_runs_costs_the_next_one_nothing():
+    with Sandbox() as sandbox:
+        assert sandbox.run(PROBE, "add", ADD) == Result(3, 3)
+        os.killpg(sandbox._proc.pid, 9)  # the machine's OOM killer, say
+        sandbox._proc.wait()
         assert sandbox.run(PROBE, "add", ADD) == Result(3, 3)
         assert sandbox.starts == 2
 
