@@ -23,19 +23,18 @@ Why this shape:
   sandbox (RLIMIT_NPROC counts a uid's processes across the machine, and root ignores it), so it
   holds no capability to undo any of this. It runs only as root: a user namespace would leave
   the solution the capabilities to leave its chroot.
-- Each solution runs in a process of its own, forked from a harness no solution has touched;
-  after it, every process in the sandbox but the harness is killed and /tmp emptied, so one
-  solution can neither harm nor help the next (`Sandbox`).
+- Each solution runs in a process of its own, forked from a harness no solution has touched
+  and whose memory never holds a solution's bytes but in buffers zeroed after use; after it,
+  every process in the sandbox but the harness is killed and /tmp emptied, so one solution can
+  neither harm nor help the next (`Sandbox`).
 - The parent bounds each solution by wall time, writes included, and kills the whole sandbox
   when it runs over, whatever the solution did (sleep, exit, spawn children); a sandbox whose
   caller dies is killed too.
 
 If the namespaces cannot be created the run fails closed: every test scores 0 with the reason.
 
-Known limits (a review's reproducers, not fixed yet): a solution's process is forked from the
-harness, whose freed memory may still hold earlier solutions' replies (their return values) in
-the same sandbox, which a solution scanning its own memory could find; kernel keyrings
-(`add_key`) of a sandbox's uid outlive it. Both need a solution written to attack the harness.
+Known limit (a review's reproducer, not fixed yet): kernel keyrings (`add_key`) a solution
+makes for its uid outlive the sandbox, a few hundred bytes of kernel memory each.
 """
 
 from __future__ import annotations
@@ -180,13 +179,15 @@ def run_tests(source: str, function: str, tests: list[dict], limits: Limits = Li
 class Sandbox:
     """One sandboxed harness that runs solutions one after another, each in a process of its own
     forked from it, so a batch pays the namespaces, the jail and the interpreter's start once
-    (29 ms a solution of six tests alone, against 4 ms in a warm sandbox). A solution's process starts
-    from the harness untouched by the solutions before it, with its own CPU limit; when it is
-    done the harness kills every process in the sandbox but itself and empties /tmp before the
-    next one. The harness never runs a solution's code, cannot be signalled by one (pid 1 of its
-    namespace, no handlers) nor traced (not dumpable), and only relays its test replies. Anything
-    unexpected (a solution past the wall limit, a /tmp it could not empty, a harness that broke)
-    kills the whole sandbox; the next run starts a fresh one. Not thread-safe: one per thread."""
+    (29 ms a solution of six tests alone, against 5 ms in a warm sandbox). A solution's
+    process starts from the harness untouched by the solutions before it, with its own CPU
+    limit; when it is done the harness kills every process in the sandbox but itself and empties
+    /tmp before the next one. The harness never runs a solution's code, cannot be signalled by
+    one (pid 1 of its namespace, no handler) nor traced (not dumpable), and passes sources and
+    replies through buffers it zeroes (tasks/sandbox_harness.py). Anything unexpected (a solution
+    past the wall limit, a /tmp it could not empty, a harness that broke or answered out of
+    step) kills the whole sandbox; the next run starts a fresh one. Not thread-safe, and it dies
+    with the thread that started it: one per thread."""
 
     def __init__(self, limits: Limits = Limits()):
         self.limits = limits
@@ -212,15 +213,18 @@ class Sandbox:
                 self.close()
             if self._proc is None:
                 self._start(deadline)
-            first = self._ask({"source": source, "function": function}, deadline, REPLIES)
-            if "ready" not in _reply(first):
-                raise _Ended(first.get("ended") or _reply(first).get("error") or "no reply")
+            code = source.encode("utf-8", "surrogatepass")
+            if len(code) > SOURCE_MAX:
+                return Result(0, len(tests), f"solution longer than {SOURCE_MAX} bytes")
+            first = self._ask({"source_bytes": len(code), "function": function}, deadline,
+                              then=code)
+            if "ready" not in first:
+                raise _Ended(_why(first))
             for test in tests:
-                reply = self._ask(test["args"], deadline, REPLIES)
+                reply = self._ask(test["args"], deadline)
                 if "ended" in reply:
-                    raise _Ended(reply["ended"])
-                value = _reply(reply)
-                passed += "value" in value and _same(value["value"], test["expected"])
+                    raise _Ended(_why(reply))
+                passed += "value" in reply and _same(reply["value"], test["expected"])
         except _Ended as ended:
             error = ended.why
         except _Stop as stop:
@@ -230,7 +234,7 @@ class Sandbox:
             self.close()
             raise
         try:  # its own short deadline: cleaning up is not the solution's time
-            self._ask({"end": True}, time.monotonic() + 5.0, ("clean",))
+            self._ask({"end": True}, time.monotonic() + 5.0, end=True)
         except _Stop:  # not clean, or not in time: not reused
             self.close()
         except BaseException:  # the caller's timer, say: not reused either
@@ -256,17 +260,19 @@ class Sandbox:
         if not isinstance((self._reader.next(deadline) or {}).get("pid"), int):  # no harness
             raise _Stop(_ended(proc, deadline))
 
-    def _ask(self, obj, deadline: float, kinds: tuple[str, ...]) -> dict:
-        """Send one request to the harness and return its reply, which must be one of `kinds`;
-        _Stop if none comes in time, or another kind (the stream is out of step)."""
+    def _ask(self, obj, deadline: float, then: bytes = b"", end: bool = False) -> dict:
+        """Send one request (and `then`, raw) and return the line that answers it: the
+        solution's own, or the harness's; at the `end`, the harness's "clean". _Stop if none
+        comes in time, or one of the wrong kind (the stream is out of step, or a solution
+        wrote the harness's words: either way the sandbox is not trusted further)."""
         try:
-            _send(self._proc, obj, deadline)
+            _send(self._proc, obj, deadline, then)
         except OSError:  # the harness is gone
             raise _Stop(_ended(self._proc, deadline)) from None
         reply = self._reader.next(deadline)
         if reply is None:
             raise _Stop(_ended(self._proc, deadline))
-        if not any(kind in reply for kind in kinds):
+        if ("clean" in reply) != end or any(k in reply for k in ("dirty", "pid")):
             raise _Stop(f"the harness answered out of step: {sorted(reply)[:3]}")
         return reply
 
@@ -288,8 +294,8 @@ NOT_ROOT = ("the sandbox runs only as root (it gives each sandbox a uid of its o
             "privilege); as another user a solution could undo its chroot")
 
 
-REPLIES = ("reply", "ended")
-"""What the harness answers to a solution's source or a test: its reply, or that it ended."""
+SOURCE_MAX = 1 << 20
+"""Bytes of a solution's source the harness takes (tasks/sandbox_harness.py)."""
 
 
 class _Stop(Exception):
@@ -303,13 +309,10 @@ class _Ended(_Stop):
     """The solution's process ended early; the sandbox goes on."""
 
 
-def _reply(message: dict) -> dict:
-    """The solution's own reply the harness relayed, or {} when it is not a JSON object."""
-    try:
-        reply = json.loads(message.get("reply", ""))
-    except (ValueError, RecursionError, TypeError):  # not JSON, or nested past the parser's depth
-        return {}
-    return reply if isinstance(reply, dict) else {}
+def _why(reply: dict) -> str:
+    """Why a solution's run ended early, from the harness or from the solution's own line."""
+    why = reply.get("ended", reply.get("error"))
+    return why[:300] if isinstance(why, str) else "no reply"
 
 
 def _same(value, expected) -> bool:
@@ -317,8 +320,8 @@ def _same(value, expected) -> bool:
     return json.dumps(value, sort_keys=True) == json.dumps(expected, sort_keys=True)
 
 
-def _send(proc: subprocess.Popen, obj, deadline: float) -> None:
-    data = memoryview((json.dumps(obj) + "\n").encode())
+def _send(proc: subprocess.Popen, obj, deadline: float, then: bytes = b"") -> None:
+    data = memoryview((json.dumps(obj) + "\n").encode() + then)
     fd = proc.stdin.fileno()
     while data:
         remaining = deadline - time.monotonic()

@@ -3,15 +3,20 @@
 
 Its first process only reports the harness's pid to the parent and reaps it. The harness, pid 1
 of the sandbox's pid namespace, reads the parent's requests, a line of JSON each:
-- {"source", "function"}: fork a solution's process, relay its first reply (ready, or why not);
-- a list: a test's arguments, written to the solution, its reply relayed back;
+- {"source_bytes": n, "function"} and then the n bytes of the source: fork a solution's process
+  and relay its first line (ready, or why not);
+- a list: a test's arguments, written to the solution, its line relayed back;
 - anything else: the solution is done: kill every other process in the namespace, empty /tmp.
-Its replies: {"reply": the solution's line, as text}, {"ended": why} when the solution's process
-is gone (what it left is killed then), {"clean": true} or {"dirty": why} after the end.
+A solution's lines go to the parent as it wrote them, one per request; the harness's own
+replies are {"ended": why} when the solution's process is gone (what it left is killed then),
+and {"clean": true} or {"dirty": why} after the end.
 
-The harness never runs a solution's code. A solution's process holds only its two pipes to the
-harness; it cannot signal the harness (pid 1 of its namespace, no handlers) nor trace it (not
-dumpable), and the harness reads its replies with a size limit.
+The harness never runs a solution's code, and no Python object of it ever holds a solution's
+bytes: sources and replies pass through two buffers allocated before the first solution and
+zeroed after each use, so a solution forked later finds nothing of an earlier one in the memory
+it inherits. A solution's process holds only its two pipes to the harness; it cannot signal the
+harness (pid 1 of its namespace, no handler) nor trace it (not dumpable), and a reply longer
+than LINE_MAX cuts it off.
 """
 
 import ctypes
@@ -25,24 +30,50 @@ import time
 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 LINE_MAX = 1 << 17  # a longer reply is not an answer: the solution is cut off
+SOURCE_MAX = 1 << 20  # tasks/sandbox.py refuses a longer solution before sending it
 _exit = os._exit  # held here: a solution that replaces os._exit still ends its process
 
 
-class Lines:
-    def __init__(self, fd: int):
-        self.fd, self.buffer = fd, b""
+class Channel:
+    """Bytes read from `fd` into a buffer of its own, in place: what is read is handed on from
+    the buffer and zeroed once consumed, never copied into an object that would outlive it."""
 
-    def next(self) -> bytes | None:
-        """The next line, None at the end of the stream, b"" past LINE_MAX bytes."""
-        while b"\n" not in self.buffer:
-            chunk = os.read(self.fd, 65536)
-            if not chunk:
+    def __init__(self, fd: int, size: int):
+        self.fd, self.buffer, self.start, self.fill = fd, bytearray(size), 0, 0
+
+    def _read(self) -> bool:
+        """More bytes; False at the end of the stream or with the buffer full."""
+        if self.fill == len(self.buffer):
+            return False
+        n = os.readv(self.fd, [memoryview(self.buffer)[self.fill:]])
+        self.fill += n
+        return n > 0
+
+    def line_end(self) -> int | None:
+        """Where the next line ends (its newline), None at the end of the stream or when no
+        line fits the buffer."""
+        while (end := self.buffer.find(b"\n", self.start, self.fill)) < 0:
+            if not self._read():
                 return None
-            self.buffer += chunk
-            if len(self.buffer) > LINE_MAX:
-                return b""
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        return line
+        return end
+
+    def block(self, n: int) -> int | None:
+        """Where the next `n` bytes end, None if the stream ends first."""
+        while self.fill - self.start < n:
+            if not self._read():
+                return None
+        return self.start + n
+
+    def consume(self, end: int) -> None:
+        self.start = end
+        if self.start == self.fill:  # nothing pending: zero what was read, start over
+            self.buffer[:self.fill] = bytes(self.fill)
+            self.start = self.fill = 0
+
+    def drop(self) -> None:
+        """Zero everything read, consumed or not."""
+        self.buffer[:self.fill] = bytes(self.fill)
+        self.start = self.fill = 0
 
 
 def tell(obj) -> None:
@@ -51,13 +82,13 @@ def tell(obj) -> None:
         data = data[os.write(1, data):]
 
 
-def solve(request: dict, channel_in, channel_out) -> None:
+def solve(source: str, function: str, channel_in, channel_out) -> None:
     """The solution's own process: define the function, then answer each test's arguments."""
     sys.stdout = sys.stderr  # the solution's prints stay out of the replies
     namespace = {"__name__": "solution"}
     try:
-        exec(compile(request["source"], "solution.py", "exec"), namespace)
-        fn = namespace[request["function"]]
+        exec(compile(source, "solution.py", "exec"), namespace)
+        fn = namespace[function]
     except BaseException as e:
         why = f"definition: {type(e).__name__}: {e}"[:300]
         channel_out.write(json.dumps({"error": why}) + "\n")
@@ -74,8 +105,8 @@ def solve(request: dict, channel_in, channel_out) -> None:
         channel_out.flush()
 
 
-def start(request: dict, cpu_s: int) -> tuple[int, int, Lines]:
-    """Fork the solution's process: (pid, the pipe to it, its replies)."""
+def start(source: memoryview, function: str, cpu_s: int) -> tuple[int, int, Channel]:
+    """Fork the solution's process with its source: (pid, the pipe to it, its replies)."""
     to_r, to_w = os.pipe()
     from_r, from_w = os.pipe()
     pid = os.fork()
@@ -85,12 +116,13 @@ def start(request: dict, cpu_s: int) -> tuple[int, int, Lines]:
             os.dup2(from_w, 1)
             os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])  # the parent's too
             resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))  # counted from its fork
-            solve(request, os.fdopen(0, "r"), os.fdopen(1, "w"))
+            solve(str(source, "utf-8", "replace"), function, os.fdopen(0, "r"),
+                  os.fdopen(1, "w"))
         finally:
             _exit(0)
     os.close(to_r)
     os.close(from_w)
-    return pid, to_w, Lines(from_r)
+    return pid, to_w, Channel(from_r, LINE_MAX + 65536)
 
 
 def fate(pid: int) -> str:
@@ -108,14 +140,21 @@ def fate(pid: int) -> str:
     return "stopped answering"
 
 
-def relay(child: tuple[int, int, Lines]) -> dict:
+def relay(child: tuple[int, int, Channel]) -> dict | None:
+    """The solution's next line, written to the parent from the buffer as it came (None), or
+    the harness's reply when there is none."""
     pid, _, replies = child
-    line = replies.next()
-    if line is None:
-        return {"ended": fate(pid)}
-    if line == b"":
-        return {"ended": "reply too large"}
-    return {"reply": line.decode("utf-8", "replace")}
+    end = replies.line_end()
+    if end is None:
+        too_large = replies.fill == len(replies.buffer)
+        replies.drop()
+        return {"ended": "reply too large" if too_large else fate(pid)}
+    with memoryview(replies.buffer) as buffer:
+        at = replies.start
+        while at <= end:
+            at += os.write(1, buffer[at:end + 1])
+    replies.drop()  # one line a request: what it wrote ahead is not relayed
+    return None
 
 
 def kill_all() -> None:
@@ -145,18 +184,24 @@ def wipe(path: str) -> None:
 
 
 def serve(cpu_s: int) -> None:
-    parent, child = Lines(0), None
+    parent, child = Channel(0, SOURCE_MAX + 65536), None
     while True:
-        raw = parent.next()
-        if not raw:
+        end = parent.line_end()
+        if end is None:
             return
-        request = json.loads(raw)
-        if isinstance(request, dict) and "source" in request:
-            child = start(request, cpu_s)
+        request = json.loads(bytes(parent.buffer[parent.start:end]))  # the parent's own words
+        parent.consume(end + 1)
+        if isinstance(request, dict) and "source_bytes" in request:
+            end = parent.block(request["source_bytes"])
+            if end is None:
+                return
+            with memoryview(parent.buffer) as buffer:
+                child = start(buffer[parent.start:end], request["function"], cpu_s)
+            parent.consume(end)  # zeroed: the next solution is forked without it
             reply = relay(child)
         elif isinstance(request, list):
             try:
-                os.write(child[1], raw + b"\n")
+                os.write(child[1], json.dumps(request).encode() + b"\n")
                 reply = relay(child)
             except OSError:  # the solution closed its end
                 reply = {"ended": fate(child[0])}
@@ -170,9 +215,10 @@ def serve(cpu_s: int) -> None:
                 reply = {"clean": True}
             except Exception as e:
                 reply = {"dirty": f"{type(e).__name__}: {e}"[:300]}
-        if "ended" in reply:
-            kill_all()
-        tell(reply)
+        if reply is not None:
+            if "ended" in reply:
+                kill_all()
+            tell(reply)
 
 
 if __name__ == "__main__":

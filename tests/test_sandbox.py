@@ -208,6 +208,39 @@ def test_no_shared_memory_or_message_queue_can_be_made_to_outlive_a_solution():
     assert run_tests(ipc, "add", ADD) == Result(3, 3)
 
 
+# Scans the memory its process was forked with, a page at a time through a pipe (an unmapped page
+# fails the write, harmlessly), for what the solution before it returned and for its source.
+SCANNER = r"""
+import ctypes, os, re
+def add(a, b):
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.write.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
+    r, w = os.pipe()
+    wanted = re.compile(rb"EARLIE[R]_\d+_\d+|SOURCE_OF_EARLIE[R]")  # not itself
+    found = 0
+    for centre in (id(object()), id(re), libc.malloc(64),
+                   ctypes.addressof(ctypes.create_string_buffer(100000))):
+        base = (centre & ~0xFFF) - (64 << 20)
+        for page in range(base, base + (128 << 20), 4096):
+            if libc.write(w, page, 4096) == 4096:
+                found += bool(wanted.search(os.read(r, 4096)))
+    return a + b if found == 0 else -found
+"""
+# longer than the scanner, so that the scanner's own source, read where it was, does not cover it
+EARLIER = ("def add(a, b):\n"
+           "    return 'EARLIER_%d_%d' % (a, b)\n" + "#" * 4000 + "\n# SOURCE_OF_EARLIER\n")
+
+
+def test_a_solution_finds_nothing_of_an_earlier_one_in_the_memory_it_was_forked_with():
+    with Sandbox(Limits(wall_s=20, cpu_s=15)) as sandbox:
+        for _ in range(2):  # solutions before it, as in a run
+            assert sandbox.run(PROBE, "add", ADD).passed == 3
+        assert sandbox.run(EARLIER, "add", ADD).passed == 0
+        assert sandbox.run(SCANNER, "add", ADD[:1]) == Result(1, 1)
+        assert sandbox.starts == 1
+
+
 class Interrupted(Exception):
     """The verifier's per-item timer, say, firing inside a run."""
 
@@ -216,11 +249,11 @@ def test_a_caller_interrupted_while_the_sandbox_cleans_up_leaves_nothing_to_the_
         monkeypatch):
     ask = Sandbox._ask
 
-    def interrupted_at_the_end(self, obj, deadline, kinds):
-        if obj == {"end": True}:  # sent, then interrupted while waiting for "clean"
+    def interrupted_at_the_end(self, obj, deadline, then=b"", end=False):
+        if end:  # sent, then interrupted while waiting for "clean"
             _send(self._proc, obj, deadline)
             raise Interrupted
-        return ask(self, obj, deadline, kinds)
+        return ask(self, obj, deadline, then, end)
 
     with Sandbox() as sandbox:
         monkeypatch.setattr(Sandbox, "_ask", interrupted_at_the_end)
