@@ -193,6 +193,7 @@ class Sandbox:
         self.limits = limits
         self.starts = 0  # sandboxes started: 1 plus one per run that had to kill the last
         self._proc: subprocess.Popen | None = None
+        self._harness: int | None = None  # a pidfd of the harness, pid 1 of the namespace
         self._jail: str | None = None
         self._reader: _Lines | None = None
 
@@ -257,7 +258,15 @@ class Sandbox:
         os.set_blocking(proc.stdin.fileno(), False)  # a write waits under the deadline too
         self._proc, self._jail, self._reader = proc, jail, _Lines(proc.stdout.fileno())
         self.starts += 1
-        if not isinstance((self._reader.next(deadline) or {}).get("pid"), int):  # no harness
+        harness = (self._reader.next(deadline) or {}).get("pid")
+        if not isinstance(harness, int):  # no harness
+            raise _Stop(_ended(proc, deadline))
+        try:  # a handle on that very process, whatever becomes of its pid
+            self._harness = os.pidfd_open(harness)
+            started_by_it = _parent(harness) == proc.pid
+        except OSError:
+            started_by_it = False
+        if not started_by_it:  # gone already, its pid maybe another process's
             raise _Stop(_ended(proc, deadline))
 
     def _ask(self, obj, deadline: float, then: bytes = b"", end: bool = False) -> dict:
@@ -279,8 +288,15 @@ class Sandbox:
     def close(self) -> None:
         """Kill the sandbox, whatever runs in it (the next run starts a fresh one). Safe to call
         again, also after an exception in the middle of it (a timer of the caller's)."""
-        proc, jail = self._proc, self._jail
-        self._proc = self._jail = self._reader = None  # first: never reused half-closed
+        proc, jail, harness = self._proc, self._jail, self._harness
+        self._proc = self._jail = self._reader = self._harness = None  # first: never reused
+        if harness is not None:  # the harness first: its namespace's processes die before it
+            try:
+                signal.pidfd_send_signal(harness, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            select.select([harness], [], [], 10.0)  # readable once it has exited
+            os.close(harness)
         if proc is not None:
             _kill(proc)
         if jail is not None:
@@ -370,10 +386,16 @@ def _ended(proc: subprocess.Popen, deadline: float) -> str:
     return f"exited with code {code}"
 
 
+def _parent(pid: int) -> int:
+    """The parent pid of a process, from /proc (its name may hold spaces and parentheses)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def _kill(proc: subprocess.Popen) -> None:
-    """The sandbox's session: the process that reaps the harness and the harness, pid 1 of its
-    namespace (the kernel takes every process in it along). The group's id stays taken until
-    `proc` is reaped here, so the signal cannot reach another process."""
+    """What is left of the sandbox's session: the process that reaps the harness (and the
+    harness, pid 1 of its namespace, when there was no handle on it). The group's id stays taken
+    until `proc` is reaped here, so the signal cannot reach another process."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
