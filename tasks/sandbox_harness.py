@@ -1,5 +1,6 @@
 """The sandbox's harness (tasks/sandbox.py): the sandbox's interpreter runs this file,
-`python -I -S -c <its text> CPU_S`, already confined and without privileges. Never imported.
+`python -I -S -c <its text> CPU_S SOURCE_MAX`, already confined and without privileges (never
+imported).
 
 Its first process only reports the harness's pid to the parent and reaps it. The harness, pid 1
 of the sandbox's pid namespace, reads the parent's requests, a line of JSON each:
@@ -30,7 +31,6 @@ import time
 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 LINE_MAX = 1 << 17  # a longer reply is not an answer: the solution is cut off
-SOURCE_MAX = 1 << 20  # tasks/sandbox.py refuses a longer solution before sending it
 _exit = os._exit  # held here: a solution that replaces os._exit still ends its process
 
 
@@ -183,8 +183,8 @@ def wipe(path: str) -> None:
             os.unlink(full)
 
 
-def serve(cpu_s: int) -> None:
-    parent, child = Channel(0, SOURCE_MAX + 65536), None
+def serve(cpu_s: int, source_max: int) -> None:
+    parent, child = Channel(0, source_max + 65536), None  # a source and its header
     while True:
         end = parent.line_end()
         if end is None:
@@ -233,5 +233,5 @@ if __name__ == "__main__":
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no ptrace by a solution of the same uid
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python's own handler: with none, pid 1
     #                                               takes no signal from its namespace
-    serve(int(sys.argv[1]))
+    serve(int(sys.argv[1]), int(sys.argv[2]))
     _exit(0)
