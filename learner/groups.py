@@ -68,6 +68,11 @@ def generation_cost(groups: list[Group], dropped: list[Group] = ()) -> dict:
         # `rlvr bench throughput` pools them) is exact only from the lengths themselves
         "resp/lengths": lengths,
         "gen/work_items": work_item_records(every),
+        # per group, per sampling stage, its responses' lengths: a prompt's answers are long or
+        # short together (a 24-digit sum), which pooled lengths do not show
+        "gen/prompt_lengths": [[[len(s.token_ids) for s in g.samples if s.stage == stage]
+                                for stage in sorted({s.stage for s in g.samples})]
+                               for g in every],
     }
 
 

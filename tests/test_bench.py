@@ -95,10 +95,10 @@ def test_throughput_compares_schedules_and_plan_predicts_them_from_the_same_runs
     probe = p["costs"]["decode_probe"]  # measured on the sync run's engine, kept in the run
     # batching is real on the engine the bench measured: its widest decode step costs far
     # less than that many steps of one row (the planner's line rests on it)
-    one = sum(t for n, t in probe["decode_points"] if n == 1) / sum(
-        1 for n, _ in probe["decode_points"] if n == 1)
-    top = max(n for n, _ in probe["decode_points"])
-    full = [t for n, t in probe["decode_points"] if n == top]
+    one = sum(t for n, _, t in probe["decode_points"] if n == 1) / sum(
+        1 for n, _, _ in probe["decode_points"] if n == 1)
+    top = max(n for n, _, _ in probe["decode_points"])
+    full = [t for n, _, t in probe["decode_points"] if n == top]
     assert top >= 16 and sum(full) / len(full) < top * one / 4
     assert (Path(p["measurement_run"]) / "plan" / "decode_cost.json").exists()
     assert_targets_block(p)

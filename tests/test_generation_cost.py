@@ -130,3 +130,11 @@ def test_engine_fill_is_busy_rows_over_capacity_since_the_last_step_across_actor
     # a step whose groups came from engines that did not step: no fill to speak of
     third, _ = engine_load_metrics([loaded(0, 20, 70)], seen)
     assert third["gen/engine_fill"] is None
+
+
+def test_each_groups_lengths_are_logged_by_stage_for_the_planner():
+    # `rlvr plan` draws a prompt's whole generation from these: lengths kept with their group
+    # and their stage, dropped groups' too
+    short, long_ = group("a", 5, n=4, length=3), group("b", 5, n=4, length=200, stage=1)
+    m = group_metrics([short], [long_])
+    assert m["gen/prompt_lengths"] == [[[3, 3, 3, 3]], [[200, 200, 200], [200]]]

@@ -11,6 +11,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from protocol.config import load_config, write_resolved
 from rlvr.plan.measure import DECODE_COST_FILE, measure
@@ -21,8 +23,9 @@ from tests.calibration import record
 from tests.conftest import TINY, run_rlvr
 
 UPDATE, BROADCAST, REST, WAIT = 0.08, 0.005, 0.02, 0.2
-PROBE = {"step_s": 0.004, "row_s": 5e-5, "prefill_s": 0.0, "prefill_row_s": 4e-4,
-         "max_batch": 512}
+PROBE = {"step_s": 0.004, "row_s": 5e-5, "col_s": 1e-6, "prefill_s": 0.0, "prefill_row_s": 4e-4,
+         "prefill_col_s": 2e-6, "prefill_sq_s": 1e-8, "prompt_tokens": 12.0, "prompt_width": 20.0,
+         "max_batch": 512, "kv_slots": True}
 LENGTHS = [3, 3.5, 4, 4.5, 5, 5.5, 6, 6.5, 7, 7.5, 8]
 
 
@@ -39,7 +42,15 @@ def synthetic_item(rng: random.Random) -> tuple[float, list]:
     return 0.05, stages
 
 
-def write_sync_run(run_dir, steps: int = 60, seed: int = 0, probe: dict | None = PROBE):
+def synthetic_groups(rng: random.Random, n: int) -> list:
+    """gen/prompt_lengths of n AR3PO groups like synthetic_item's: 4 responses of 3-8 tokens, a
+    second stage of 4 for 40% of them."""
+    return [[[rng.randint(3, 8) for _ in range(4)] for _ in range(1 + (rng.random() < 0.4))]
+            for _ in range(n)]
+
+
+def write_sync_run(run_dir, steps: int = 60, seed: int = 0, probe: dict | None = PROBE,
+                   prompt_lengths: bool = True):
     """A sync run whose learner waits WAIT s a step for its groups, with the decode probe's
     result already kept in it (as `rlvr plan` leaves it after measuring)."""
     cfg = load_config(TINY, ["mode=sync", f"run.steps={steps}", "model.path=/nonexistent"])
@@ -56,6 +67,8 @@ def write_sync_run(run_dir, steps: int = 60, seed: int = 0, probe: dict | None =
                      "timing/sync": BROADCAST, "perf/step_time": idle + update + BROADCAST + REST,
                      "gen/work_items": [[s, 8, st] for s, st in items], "resp/len_q": LENGTHS,
                      "perf/actor_gen_s": sum(s for s, _ in items), "stale/max": 0})
+        if prompt_lengths:
+            rows[-1]["gen/prompt_lengths"] = synthetic_groups(rng, 32)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if probe is not None:
         (run_dir / DECODE_COST_FILE).parent.mkdir(parents=True, exist_ok=True)
@@ -91,9 +104,20 @@ def test_measure_reads_the_learner_costs_and_calibrates_the_actor_on_the_sync_ru
     # the probe's costs plus the calibrated loop overhead replay the run's wait per step
     assert m.overhead_s > 0 and m.decode.step_s == pytest.approx(PROBE["step_s"] + m.overhead_s)
     assert (m.decode.row_s, m.decode.prefill_row_s) == (PROBE["row_s"], PROBE["prefill_row_s"])
+    assert (m.decode.col_s, m.decode.prefill_col_s, m.decode.prefill_sq_s, m.decode.prompt_tokens,
+            m.decode.prompt_width) == (PROBE["col_s"], PROBE["prefill_col_s"],
+                                       PROBE["prefill_sq_s"], PROBE["prompt_tokens"],
+                                       PROBE["prompt_width"]) and m.decode.kv_slots
     replay = simulate(Split(1), m.workload, m.learner, m.generation, m.decode, steps=100, seed=1)
     assert replay.gather_s_per_step == pytest.approx(WAIT, rel=0.03)
     assert m.gen_s_per_step == pytest.approx(WAIT, rel=0.03)
+
+
+def test_a_run_without_its_groups_lengths_is_planned_from_pooled_lengths_and_said(tmp_path):
+    m = measure(write_sync_run(tmp_path / "run", prompt_lengths=False))
+    assert m.generation.prompts == () and any("gen/prompt_lengths" in n for n in m.notes)
+    with_them = measure(write_sync_run(tmp_path / "run2"))
+    assert len(with_them.generation.prompts) > 1000 and with_them.notes == []
 
 
 def test_a_probe_slower_than_the_run_is_scaled_to_it_and_said(tmp_path):
@@ -107,8 +131,17 @@ def test_a_probe_slower_than_the_run_is_scaled_to_it_and_said(tmp_path):
 
 
 def test_a_damaged_decode_probe_file_is_refused_naming_it(tmp_path):
-    run = write_sync_run(tmp_path / "run", probe={"step_s": "fast"})
-    with pytest.raises(ValueError, match="decode_cost.json"):
+    run = write_sync_run(tmp_path / "run", probe={**PROBE, "step_s": "fast"})
+    with pytest.raises(ValueError, match="decode_cost.json.*not a decode probe"):
+        measure(run)
+
+
+def test_a_probe_without_the_context_costs_is_refused_not_read_as_free_context(tmp_path):
+    # a decode_cost.json from before the context terms: reading it as col_s = 0 would predict
+    # a full engine as cheap as a fresh one (the planner's +34% on the long-tail `continue`)
+    old = {k: v for k, v in PROBE.items() if k not in ("col_s", "prefill_col_s")}
+    run = write_sync_run(tmp_path / "run", probe=old)
+    with pytest.raises(ValueError, match="decode_cost.json.*no col_s, prefill_col_s.*delete it"):
         measure(run)
 
 
@@ -196,20 +229,66 @@ def test_the_decode_probe_measures_that_rows_share_a_step_on_the_real_engine(tin
     """The batching the actor model relies on, measured on the HF engine and the tiny model."""
     from rlvr.plan.decode_probe import measure_decode_cost
 
-    cfg = load_config(TINY, [f"model.path={tiny_model}", "actors.max_batch=64"])
+    cfg = load_config(TINY, [f"model.path={tiny_model}", "actors.max_batch=64",
+                             "rollout.max_new_tokens=96"])
     write_resolved(cfg, tmp_path)
     # five repeats, and each size's fastest: the other test worker shares the two cores, and
     # a moment it takes them only adds time (one 64-row prefill once took 36x one row's)
     probe = measure_decode_cost(tmp_path, repeats=5)
     assert probe["max_batch"] == 64 and probe["engine"] == "hf"
-    assert {n for n, _ in probe["prefill_points"]} == {1, 2, 4, 8, 16, 32, 64}
-    pre_one = min(t for n, t in probe["prefill_points"] if n == 1)
-    pre_full = min(t for n, t in probe["prefill_points"] if n == 64)
-    # calibrated: 11.4 +- 1.95 over 5 runs beside two busy cores (tests/README.md)
+    assert {n for n, _, _ in probe["prefill_points"]} == {1, 2, 4, 8, 16, 32, 64}
+    # widths: the longest prompt of the batch (under 30 tokens here), or it + 24 or + 88
+    short = [(n, t) for n, width, t in probe["prefill_points"] if width < 30]
+    pre_one = min(t for n, t in short if n == 1)
+    pre_full = min(t for n, t in short if n == 64)
+    # calibrated: 11.2 +- 2.17 over 5 runs beside two busy cores (tests/README.md)
     record("prefill of 64 rows / prefill of one row, fastest of 5", pre_full / pre_one, high=32)
     assert pre_full < 64 * pre_one / 2  # a prefill of 64 rows is batched too
-    one = min(t for n, t in probe["decode_points"] if n == 1)
-    full = min(t for n, t in probe["decode_points"] if n == 64)
-    # calibrated: 3.28 +- 0.549 over 5 runs beside two busy cores (tests/README.md)
+    # a re-prefill of prompt + 88 tokens of answer (recompute's) costs per token, not per row
+    long_full = min(t for n, width, t in probe["prefill_points"] if n == 64 and width > 88)
+    # calibrated: 12.9 +- 1.61 over 5 runs beside two busy cores (tests/README.md)
+    record("prefill of 64 rows, prompt + 88 tokens / prompt alone, fastest", long_full / pre_full,
+           low=2)
+    assert long_full > 2 * pre_full and probe["prefill_col_s"] + probe["prefill_sq_s"] > 0
+    one = min(t for n, _, t in probe["decode_points"] if n == 1)
+    full = min(t for n, _, t in probe["decode_points"] if n == 64)
+    # calibrated: 3.73 +- 0.251 over 5 runs beside two busy cores (tests/README.md)
     record("decode step of 64 rows / step of one row, fastest", full / one, high=16)
     assert full < 64 * one / 4  # a step of 64 rows costs far less than 64 steps of one
+
+
+@settings(max_examples=30, deadline=None)
+@given(coef=st.tuples(st.floats(0, 0.01), st.floats(0, 1e-3), st.floats(0, 1e-5)),
+       seed=st.integers(0, 99))
+def test_the_probes_fit_recovers_nonnegative_costs_and_clamps_a_falling_one(coef, seed):
+    from rlvr.plan.decode_probe import fit_nonnegative
+
+    rng = random.Random(seed)
+    x = [[1.0, n, n * (rng.uniform(10, 60) + k)] for n in (1, 8, 64, 512) for k in range(0, 200, 7)]
+    y = [sum(c * v for c, v in zip(coef, row)) for row in x]
+    assert fit_nonnegative(x, y) == pytest.approx(list(coef), rel=1e-6, abs=1e-12)
+    # a cost that falls with context is no cost: the best fit without that term, none negative
+    falling = [t - (coef[2] + 2e-6) * row[2] for t, row in zip(y, x)]
+    fit = fit_nonnegative(x, falling)
+    assert fit[2] == 0 and min(fit) >= 0
+
+
+def test_a_prompt_is_drawn_whole_from_the_runs_groups_its_answers_long_or_short_together():
+    # half the prompts answer in 3-5 tokens, half in 180-220 (a 1-digit and a 24-digit sum):
+    # drawn one by one from the pooled lengths, a prompt would mix them and hold its short rows'
+    # slots idle while its long one runs on
+    rng = random.Random(0)
+    groups = [[[rng.randint(3, 5) for _ in range(4)]] if i % 2 else
+              [[rng.randint(180, 220) for _ in range(4)], [rng.randint(180, 220) for _ in range(4)]]
+              for i in range(100)]
+    items = [synthetic_item(rng) for _ in range(20)]
+    pooled = sorted(n for g in groups for stage in g for n in stage)
+    deciles = [pooled[min(len(pooled) - 1, k * len(pooled) // 10)] for k in range(11)]
+    model = fit_generation([ItemRecord(s, 8, tuple(tuple(x) for x in st)) for s, st in items],
+                           [deciles], [5.0], groups)
+    draw = random.Random(1)
+    for _ in range(200):
+        plan = model(draw)
+        lengths = [n for stage in plan.stages for n in stage]
+        assert max(lengths) <= 5 or min(lengths) >= 180, plan
+        assert (len(plan.stages) == 2) == (min(lengths) >= 180)  # the long ones went on

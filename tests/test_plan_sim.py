@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from rlvr.plan.sim import (DecodeCost, LearnerCosts, Machine, PromptPlan, Split, Workload,
                            fixed_prompts, simulate)
+from rlvr.plan.stream_actor import StreamActor
 
 T_FIXED, T_UPDATE, BROADCAST = 0.03, 0.07, 0.004
 COSTS = LearnerCosts(fixed_s=T_FIXED, update_s=T_UPDATE, broadcast_s=BROADCAST)
@@ -197,7 +198,10 @@ workloads = st.builds(Workload, prompts_per_step=st.sampled_from([4, 8, 12, 32])
 costs = st.builds(LearnerCosts, fixed_s=st.floats(0, 0.05), update_s=st.floats(0, 0.2),
                   broadcast_s=st.floats(0, 0.03))
 decodes = st.builds(DecodeCost, step_s=st.floats(0, 0.02), row_s=st.floats(0, 0.002),
-                    prefill_row_s=st.floats(0, 0.002), max_batch=st.sampled_from([4, 64, 512]))
+                    prefill_row_s=st.floats(0, 0.002), max_batch=st.sampled_from([4, 64, 512]),
+                    col_s=st.floats(0, 1e-5), prefill_col_s=st.floats(0, 1e-5),
+                    prefill_sq_s=st.floats(0, 1e-7), prompt_width=st.floats(0, 60),
+                    prompt_tokens=st.floats(0, 60), kv_slots=st.booleans())
 lengths = st.tuples(st.integers(1, 4), st.integers(4, 30))
 
 
@@ -268,3 +272,63 @@ def test_interference_slows_only_what_overlaps():
     fast = simulate(Split(1, max_staleness=2), WORK, COSTS, ONE_STEP, ROWS_ONLY)
     shared = simulate(Split(1, max_staleness=2), WORK, COSTS, ONE_STEP, ROWS_ONLY, machine=slow)
     assert sync.steps_per_min < shared.steps_per_min < fast.steps_per_min
+
+
+# -- context: a decode step costs more the more keys and values its rows attend over ----------
+
+LONG, SHORT = PromptPlan(((201,),)), PromptPlan(((11,),))
+COL, PROMPT = 1e-4, 10.0
+
+
+def run_to_end(actor: StreamActor) -> None:
+    while actor.computing:
+        actor.advance(actor.seconds_to_next_event(1.0), 1.0)
+
+
+def busy_with_latecomer(cost: DecodeCost, latecomer: PromptPlan | None) -> float:
+    """Busy seconds of one actor: a long answer alone, and `latecomer` joining halfway."""
+    actor = StreamActor(cost)
+    actor.add([LONG])
+    actor.advance(actor.seconds_to_next_event(1.0) / 2, 1.0)  # halfway (in time) into it
+    assert 120 < actor.steps < 160  # context grows: half the time is past half the tokens
+    if latecomer is not None:
+        actor.add([latecomer])
+    run_to_end(actor)
+    return actor.busy_s
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_row_joining_late_pays_its_own_context_or_the_engines_kv_slots(shared):
+    # the HF engine's rows attend over one window as wide as the oldest row's context, so a
+    # short answer started beside a long one costs the long one's width a step (vLLM: its own)
+    cost = DecodeCost(step_s=0.0, col_s=COL, prompt_tokens=PROMPT, kv_slots=shared)
+    extra = busy_with_latecomer(cost, SHORT) - busy_with_latecomer(cost, None)
+    own = COL * sum(PROMPT + k for k in range(10))  # its 10 decode steps over its own context
+    if shared:
+        assert extra > 10 * own
+    else:
+        assert extra == pytest.approx(own, rel=0.1)
+
+
+def busy_through_a_sync(cost: DecodeCost, policy: str) -> float:
+    actor = StreamActor(cost)
+    actor.add([LONG])
+    actor.advance(actor.seconds_to_next_event(1.0) / 2, 1.0)
+    actor.sync(policy)
+    actor.release(1)
+    run_to_end(actor)
+    return actor.busy_s
+
+
+def test_recompute_prefills_prompt_and_partial_again_and_decodes_on_at_the_same_context():
+    free_prefill = DecodeCost(step_s=0.0, col_s=COL, prompt_tokens=PROMPT)
+    # the partial answer is back in the context: the rest costs what it would have (one decode
+    # step more: the re-prefill is taken to sample no new token)
+    assert busy_through_a_sync(free_prefill, "recompute") == pytest.approx(
+        busy_through_a_sync(free_prefill, "continue"), rel=0.01)
+    per_token = 1e-3
+    paid = DecodeCost(step_s=0.0, col_s=COL, prompt_tokens=PROMPT, prefill_col_s=per_token,
+                      prompt_width=PROMPT)
+    extra = busy_through_a_sync(paid, "recompute") - busy_through_a_sync(paid, "continue")
+    # one row prefilled again over its prompt and the 120-160 tokens it had
+    assert per_token * (PROMPT + 120) < extra < per_token * (PROMPT + 162)

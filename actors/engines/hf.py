@@ -101,6 +101,10 @@ class HFEngine:
         return len(self.running()) + len(self._waiting)
 
     last_step_rows: int = 0
+    last_decode_shape: tuple[int, int] = (0, 0)
+    """What the last step's decode pass computed: (rows: every used slot, free ones included,
+    keys and values attended: those rows x the shared window). rlvr/plan/decode_probe.py fits
+    the cost of a step on it."""
     prefix_cache_resets_refused: int = 0  # no prefix cache: never
 
     @property
@@ -125,6 +129,8 @@ class HFEngine:
         """One decode step: a token for every running request, and (with `admit`) the first
         token of waiting requests that fit in `max_batch`. Returns the requests that finished."""
         live = [s for s, r in enumerate(self._slots) if r is not None]
+        kv = self._kv
+        self.last_decode_shape = (kv.used, kv.used * (kv.end - kv.lo + 1)) if live else (0, 0)
         if live:
             t0 = time.perf_counter()
             logits = self._kv.decode(self.model, self._last)               # (slots used, V)

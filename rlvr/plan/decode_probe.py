@@ -1,16 +1,26 @@
-"""What a decode step of the run's engine costs, by rows in flight: the actor model's batching.
+"""What a decode step of the run's engine costs, by rows in flight and the context they attend
+over: the actor model's batching.
 
     python -m rlvr.plan.decode_probe runs/bench/plan/runs/sync
 
 An actor decodes every request it holds in the same engine steps (continuous batching, actors/
 stream.py), so a sample is cheaper when many are in flight: on the tiny model a step costs about
-the same for 10 rows as for 100. A run's logs give each sample's share of the steps it took part
-in, not how a step's cost splits between a fixed part and a part per row; this probe measures
+the same for 10 rows as for 100. A step also costs more the longer the rows' contexts are (every
+row attends over the keys and values of its prompt and its answer so far): an engine kept full
+by a stream of requests holds rows at every point of their answers, and pays 1.5-1.8x per row
+what the same rows pay started together (BENCHMARKS.md, "Long tail"). A run's logs give each
+sample's share of the steps it took part in, not how a step's cost splits; this probe measures
 that split with the run's own engine, model and prompts on this machine: R requests of the run's
 held-out prompts started at once (the prefill), then decoded to `rollout.max_new_tokens`, for R
-from 1 up to the engine's batch; least squares over the steps give
+from 1 up to the engine's batch; and the same prompts lengthened by part of an answer (what
+`recompute` prefills again), prefilled and decoded a few steps. Least squares with no negative cost, over the steps:
 
-    decode step = step_s + row_s x rows running        prefill = prefill_s + prefill_row_s x rows
+    decode step = step_s + row_s x rows + col_s x rows x (prompt + tokens decoded)
+    prefill     = prefill_s + rows x (prefill_row_s + prefill_col_s x W + prefill_sq_s x W^2)
+
+with W the prefill's width: its rows are padded to the longest (a fresh one's longest prompt,
+`prompt_width`; under `recompute` prompt + partial answer). The square is attention within the
+prefill: on the long-tail task a row of 300 columns costs 9x one of 52, not 6x.
 
 The simulator's `DecodeCost` takes them (rlvr/plan/stream_actor.py); `rlvr plan` adds the actor
 loop's own time per step (messages, the verifier), calibrated on the measured run. Whatever else
@@ -27,23 +37,34 @@ from pathlib import Path
 import numpy as np
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+PROBE_KEYS = ("step_s", "row_s", "col_s", "prefill_s", "prefill_row_s", "prefill_col_s",
+              "prefill_sq_s", "prompt_tokens", "prompt_width")
 
 
-def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
-    """Least-squares (intercept, slope) of seconds against rows, both clamped at >= 0."""
-    a = np.array([[1.0, float(n)] for n, _ in points])
-    b = np.array([t for _, t in points])
-    (c0, c1), *_ = np.linalg.lstsq(a, b, rcond=None)
-    if c1 < 0:  # no growth with rows measurable: a flat cost
-        return max(0.0, float(np.mean(b))), 0.0
-    if c0 < 0:
-        return 0.0, max(0.0, float(np.sum(a[:, 1] * b) / np.sum(a[:, 1] ** 2)))
-    return float(c0), float(c1)
+def fit_nonnegative(x: list[list[float]], y: list[float]) -> list[float]:
+    """Least squares of y on the columns of x with every coefficient >= 0: the best fit among
+    the subsets of columns whose own fit has no negative coefficient (a cost no measurement
+    shows growing is taken as flat, not as negative)."""
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    best, best_err = [0.0] * a.shape[1], float(np.sum(b * b))
+    for mask in range(1, 1 << a.shape[1]):
+        cols = [j for j in range(a.shape[1]) if mask >> j & 1]
+        coef, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+        if np.any(coef < 0):
+            continue
+        err = float(np.sum((a[:, cols] @ coef - b) ** 2))
+        if err < best_err:
+            best, best_err = [0.0] * a.shape[1], err
+            for j, c in zip(cols, coef):
+                best[j] = float(c)
+    return best
 
 
 def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
-    """{"step_s", "row_s", "prefill_s", "prefill_row_s", "max_batch", "decode_points",
-    "prefill_points"} for the run's engine (seconds; points as [rows, seconds])."""
+    """{"step_s", "row_s", "col_s", "prefill_s", "prefill_row_s", "prefill_col_s",
+    "prefill_sq_s", "prompt_tokens", "prompt_width", "max_batch", "engine", "kv_slots",
+    "decode_points", "prefill_points"} for the run's engine (seconds; points as [rows, columns,
+    seconds]: the columns a decode step attends over, rows x context; a prefill's width)."""
     import torch
     from tasks.tiny_model import load_tokenizer
 
@@ -64,36 +85,66 @@ def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
     r = cfg.rollout
     top = cfg.actors.max_batch
     sizes = [n for n in ROWS if n < top] + [min(top, ROWS[-1])]
+    # prompts lengthened by a quarter of an answer and by nearly a whole one, then a few decode
+    # steps: a re-prefill's widths, and rows far into their answers from the first step (rows
+    # started together reach long contexts only once most have ended: the context's cost per
+    # row would be fitted on a few rows alone)
+    tail = min(8, r.max_new_tokens)
+    extra = sorted({max(1, r.max_new_tokens // 4), max(1, r.max_new_tokens - tail)})
     decode, prefill, rid = [], [], 0
+
+    def batch(rows: int, lengthen: int, new_tokens: int) -> tuple[int, float, list]:
+        nonlocal rid
+        chosen = [prompts[(rid + i) % len(prompts)] for i in range(rows)]
+        chosen = [(p * (1 + lengthen // len(p) + 1))[:len(p) + lengthen] for p in chosen]
+        for p in chosen:
+            engine.add(rid, p, new_tokens, r.temperature, 1.0)
+            rid += 1
+        width = sum(map(len, chosen)) / rows  # mean context of a row
+        padded = max(map(len, chosen))
+        t0 = time.perf_counter()
+        engine.step()
+        started = time.perf_counter() - t0
+        steps, k = [], 0
+        while engine.running():
+            n, k = len(engine.running()), k + 1
+            t0 = time.perf_counter()
+            engine.step()
+            took = time.perf_counter() - t0
+            # what the step computed, where the engine says (the HF engine's free slots are
+            # computed too until half are free): else every row over its prompt and k tokens
+            shape = getattr(engine, "last_decode_shape", None)
+            steps.append((*(shape or (n, n * (width + k))), took))
+        return padded, started, steps
+
     try:
-        for k, rows in enumerate([1] + sizes):  # round 0 warms the engine up, not kept
+        batch(1, 0, r.max_new_tokens)  # warms the engine up, not kept
+        for rows in sizes:
             for _ in range(repeats):
-                for i in range(rows):
-                    engine.add(rid, prompts[(rid + i) % len(prompts)], r.max_new_tokens,
-                               r.temperature, 1.0)
-                    rid += 1
-                t0 = time.perf_counter()
-                engine.step()
-                started = time.perf_counter() - t0
-                steps = []
-                while engine.running():
-                    n = len(engine.running())
-                    t0 = time.perf_counter()
-                    engine.step()
-                    steps.append((n, time.perf_counter() - t0))
-                if k > 0:
-                    prefill.append((rows, started))
+                padded, started, steps = batch(rows, 0, r.max_new_tokens)
+                prefill.append((rows, padded, started))
+                decode += steps
+                for lengthen in extra:
+                    padded, started, steps = batch(rows, lengthen, tail)
+                    prefill.append((rows, padded, started))
                     decode += steps
     finally:
         engine.close()
-    step_s, row_s = fit_line(decode)
-    prefill_s, prefill_row_s = fit_line(prefill)
-    if not all(math.isfinite(x) for x in (step_s, row_s, prefill_s, prefill_row_s)):
+    step_s, row_s, col_s = fit_nonnegative([[1.0, n, c] for n, c, _ in decode],
+                                           [t for *_, t in decode])
+    prefill_s, prefill_row_s, prefill_col_s, prefill_sq_s = fit_nonnegative(
+        [[1.0, n, n * w, n * w * w] for n, w, _ in prefill], [t for *_, t in prefill])
+    out = {"step_s": step_s, "row_s": row_s, "col_s": col_s, "prefill_s": prefill_s,
+           "prefill_row_s": prefill_row_s, "prefill_col_s": prefill_col_s,
+           "prefill_sq_s": prefill_sq_s,
+           "prompt_tokens": float(np.mean([len(p) for p in prompts])),
+           "prompt_width": float(max(len(p) for p in prompts)),
+           "max_batch": top, "engine": cfg.actors.engine,
+           "kv_slots": cfg.actors.engine == "hf"}
+    if not all(math.isfinite(out[k]) for k in PROBE_KEYS):
         raise ValueError(f"{run_dir}: decode probe gave no finite fit")
-    return {"step_s": step_s, "row_s": row_s, "prefill_s": prefill_s,
-            "prefill_row_s": prefill_row_s, "max_batch": top, "engine": cfg.actors.engine,
-            "decode_points": [[n, round(t, 6)] for n, t in decode],
-            "prefill_points": [[n, round(t, 6)] for n, t in prefill]}
+    return out | {"decode_points": [[n, round(c, 1), round(t, 6)] for n, c, t in decode],
+                  "prefill_points": [[n, round(w, 1), round(t, 6)] for n, w, t in prefill]}
 
 
 if __name__ == "__main__":

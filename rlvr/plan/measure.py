@@ -4,8 +4,9 @@ From RUN_DIR/config.yaml the step's shape (prompts per step and per work item, s
 run's own split) and from RUN_DIR/metrics.jsonl, over the steady window (the first tenth of the
 steps and the last step left out, as `rlvr bench throughput` does):
   - generation: the stages of every work item (`gen/work_items`: per stage the prompts,
-    responses, longest response and tokens) and the response-length deciles (`resp/len_q`),
-    fitted into rlvr/plan/model.py's GenerationModel;
+    responses, longest response and tokens), the response-length deciles (`resp/len_q`) and
+    every group's lengths by stage (`gen/prompt_lengths`), fitted into rlvr/plan/model.py's
+    GenerationModel;
   - the engine's cost per decode step by rows in flight and per request started: measured by
     rlvr/plan/decode_probe.py with the run's engine and model on this machine, kept in
     RUN_DIR/plan/decode_cost.json (measured once, reused);
@@ -33,6 +34,7 @@ import numpy as np
 
 from learner.run_log import read_metrics
 from rlvr.bench.reduce import is_number, run_throughput, steady_window, step_train_tokens
+from rlvr.plan.decode_probe import PROBE_KEYS
 from rlvr.plan.model import GenerationModel, ItemRecord, fit_generation
 from rlvr.plan.sim import DecodeCost, LearnerCosts, Split, Workload, simulate
 
@@ -133,10 +135,20 @@ def measure(run_dir: str | Path, skip_first: int | None = None,
                            broadcast_s=0.0 if math.isnan(broadcast) else broadcast)
     train_per_group = [t / work.prompts_per_step for t in tokens if is_number(t)]
     lengths = [r["resp/len_q"] for r in window if isinstance(r.get("resp/len_q"), list)]
-    generation = fit_generation(items, lengths, train_per_group)
+    prompts = [p for r in window for p in r.get("gen/prompt_lengths") or []]
+    if not prompts:
+        notes.append("the run logged no gen/prompt_lengths (older than that metric): a prompt's "
+                     "response lengths are drawn one by one from the pooled distribution, so its "
+                     "rows end at different times (under continue the simulated engine then "
+                     "holds about half the rows a long-tail run's does)")
+    generation = fit_generation(items, lengths, train_per_group, prompts)
     probe = decode_probe if decode_probe is not None else load_or_probe(run_dir)
     decode = DecodeCost(probe["step_s"], probe["row_s"], probe["prefill_s"],
-                        probe["prefill_row_s"], int(probe.get("max_batch", cfg.actors.max_batch)))
+                        probe["prefill_row_s"], int(probe.get("max_batch", cfg.actors.max_batch)),
+                        col_s=probe["col_s"], prefill_col_s=probe["prefill_col_s"],
+                        prefill_sq_s=probe["prefill_sq_s"], prompt_tokens=probe["prompt_tokens"],
+                        prompt_width=probe["prompt_width"],
+                        kv_slots=bool(probe.get("kv_slots", cfg.actors.engine == "hf")))
     split = Split(cfg.actors.count, cfg.learner.ranks, 0)
     waits = [r["perf/learner_idle_s"] for r in window if is_number(r.get("perf/learner_idle_s"))]
     overhead, scale = 0.0, 1.0
@@ -172,12 +184,17 @@ def load_or_probe(run_dir: Path) -> dict:
     if path.exists():
         try:
             probe = json.loads(path.read_text())
-            return {k: float(probe[k]) for k in ("step_s", "row_s", "prefill_s",
-                                                  "prefill_row_s")} | probe
-        except (ValueError, KeyError, TypeError) as e:
+            missing = [k for k in PROBE_KEYS if k not in probe]
+            if missing:
+                raise ValueError(f"{path}: measured by an earlier decode probe (no "
+                                 f"{', '.join(missing)}); delete it to measure again")
+            return probe | {k: float(probe[k]) for k in PROBE_KEYS}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            if str(e).startswith(str(path)):
+                raise
             raise ValueError(f"{path}: not a decode probe result ({e}); delete it to measure "
                              "again") from None
-    from rlvr.plan.decode_probe import measure_decode_cost
+    from rlvr.plan.decode_probe import measure_decode_cost  # loads torch: only when needed
 
     print(f"plan: measuring the engine's decode step costs for {run_dir} "
           "(rlvr/plan/decode_probe.py)", flush=True)
@@ -203,7 +220,10 @@ def calibrate(split: Split, work: Workload, learner: LearnerCosts, generation: G
 
     def times(k: float) -> DecodeCost:
         return replace(decode, step_s=k * decode.step_s, row_s=k * decode.row_s,
-                       prefill_s=k * decode.prefill_s, prefill_row_s=k * decode.prefill_row_s)
+                       col_s=k * decode.col_s, prefill_s=k * decode.prefill_s,
+                       prefill_row_s=k * decode.prefill_row_s,
+                       prefill_col_s=k * decode.prefill_col_s,
+                       prefill_sq_s=k * decode.prefill_sq_s)
 
     if wait(decode) <= measured_wait_s:
         lo, hi = 0.0, max(decode.step_s, 1e-4)

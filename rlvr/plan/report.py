@@ -100,9 +100,12 @@ def plan(run_dir: str | Path, actors: list[int], ranks: list[int], staleness: li
 def decode_line(c: dict) -> str:
     d = c["decode"]
     return (f"an actor's decode step {1000 * d['step_s']:.2f} ms + {1000 * d['row_s']:.3f} ms per "
-            f"row (of it {1000 * c['decode_overhead_s']:.2f} ms the actor loop's own, calibrated), "
-            f"a request's start {1000 * d['prefill_row_s']:.3f} ms + "
-            f"{1000 * d['prefill_s']:.2f} ms per step that starts some")
+            f"row + {1e6 * d['col_s']:.3f} us per row and token of context (of it "
+            f"{1000 * c['decode_overhead_s']:.2f} ms the actor loop's own, calibrated), a "
+            f"request's start {1000 * d['prefill_row_s']:.3f} ms + {1e6 * d['prefill_col_s']:.3f} "
+            f"us per column of its width + {1e9 * d['prefill_sq_s']:.3f} ns per column squared "
+            f"(a fresh one {d['prompt_width']:.0f} columns wide) + {1000 * d['prefill_s']:.2f} ms "
+            "per step that starts some")
 
 
 def recommend(rows: list[dict], gpus: int | None = None) -> dict[int, dict]:

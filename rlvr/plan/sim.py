@@ -11,7 +11,8 @@ The schedule it plays (docs/ARCHITECTURE.md "How data flows"; docs/ALGORITHMS.md
     S = max_staleness, 0 = sync), each to the actor with the fewest prompts in flight, and
     re-checks the bound whenever a work item comes back; it never admits while it trains;
   - an actor decodes every request it holds at once (rlvr/plan/stream_actor.py): each prompt's
-    stages run as soon as the engine has room, a decode step costs more with more rows, and a
+    stages run as soon as the engine has room, a decode step costs more with more rows and
+    with longer contexts (the rows' prompts and answers so far), and a
     prompt's group comes back the moment its last stage is done, counted as sampled by the
     weights its first sample started under;
   - the learner takes the first `prompts_per_step` groups that came back, drops a group staler

@@ -13,7 +13,17 @@ the actor joins the broadcast; `continue` joins at once and the running requests
 the new weights; `abort` drops the running requests (their tokens are wasted) and queues them
 again, to start under the new weights, except a request already dropped `abort_limit` times,
 which decodes on (actors.abort_limit); `recompute` stops the running requests and queues what
-each has left, keeping its tokens and the version of its oldest one (its prefill paid again).
+each has left, keeping its tokens and the version of its oldest one: prompt and partial response
+are prefilled again.
+
+Context: a decode step costs more the more keys and values its rows attend over
+(`DecodeCost.col_s`): a row's context is its prompt, the partial response it was restarted
+with under `recompute`, and the tokens it has sampled since; vLLM's rows each attend over their
+own. The HF engine keeps its rows in KV slots (`kv_slots`, actors/engines/kv_slots.py): every
+slot in use attends over one window as wide as the longest context among them, and a freed
+slot is computed on until half of them are free (then the live ones move to the front). A
+prefill costs per row, by its width (its rows padded to the longest: prompt, and under
+`recompute` the partial answer) and by the width's square (attention within it).
 
 Time: the actor keeps its own count of decode steps; between two events (a request ends, work
 arrives, a sync) every running request advances by the same number of steps, so the simulator
@@ -43,12 +53,30 @@ class DecodeCost:
     """Per request started (its prompt's forward)."""
     max_batch: int = 512
     """Requests decoding at once (actors.max_batch); more wait for room."""
+    col_s: float = 0.0
+    """Per column of keys and values attended over per decode step (rows x context)."""
+    prefill_col_s: float = 0.0
+    """Per row of a prefill per column of its width (its rows padded to the longest)."""
+    prefill_sq_s: float = 0.0
+    """Per row of a prefill per column squared (attention within the prefill)."""
+    prompt_tokens: float = 0.0
+    """A request's prompt (tokens, the mean): its context before it samples."""
+    prompt_width: float = 0.0
+    """The width of a prefill of fresh prompts (its longest prompt)."""
+    kv_slots: bool = False
+    """The HF engine's KV slots: every slot in use, free ones too until half are free, attends
+    over the longest context among the rows; else each row over its own (vLLM's paged KV)."""
 
-    def decode(self, rows: int) -> float:
-        return self.step_s + self.row_s * rows
+    def decode(self, rows: int, columns: float = 0.0) -> float:
+        return self.step_s + self.row_s * rows + self.col_s * columns
 
-    def prefill(self, rows: int) -> float:
-        return self.prefill_s + self.prefill_row_s * rows if rows else 0.0
+    def prefill(self, rows: int, partial: float = 0.0) -> float:
+        """`rows` started in one step; `partial`: the longest partial answer among them."""
+        if not rows:
+            return 0.0
+        width = self.prompt_width + partial
+        return self.prefill_s + rows * (self.prefill_row_s + self.prefill_col_s * width
+                                        + self.prefill_sq_s * width * width)
 
 
 @dataclass(frozen=True)
@@ -77,13 +105,17 @@ class StreamActor:
     busy_s: float = 0.0  # wall seconds spent computing
     abort_limit: int | None = None  # actors.abort_limit (None: `abort` drops every time)
     queued: deque = field(default_factory=deque)  # waiting for room: (prompt, length, restarts,
-    #                                                version of its oldest token if it continues)
+    #                        version of its oldest token if it continues, tokens it has already)
     running: list = field(default_factory=list)  # heap: (ends at step, seq, prompt, length,
-    #                                               weights version it started under, restarts)
+    #     weights version it started under, restarts, its context at step 0: tokens - start)
     steps: float = 0.0  # decode steps done
     stall: float = 0.0  # work-seconds of prefill before decoding goes on
     _seq: int = 0
     _same_step: bool = False  # requests started since the last advance: one engine step
+    _offset_sum: float = 0.0  # sum of the running requests' contexts at step 0
+    _widest: list = field(default_factory=list)  # heap (-context at step 0, seq), lazily pruned
+    _live: set = field(default_factory=set)  # seqs running
+    _slots: int = 0  # kv_slots: slots in use, free ones among them
 
     @property
     def computing(self) -> bool:
@@ -110,21 +142,22 @@ class StreamActor:
                     at_limit = self.abort_limit is not None and r[5] >= self.abort_limit
                     (kept if at_limit else dropped).append(r)
                 dropped.sort(key=lambda r: r[1])  # in the order they started
-                self.running = kept
-                heapq.heapify(self.running)
-                self.stall = 0.0
-                self.queued.extendleft((prompt, length, restarts + 1, None)
-                                       for _, _, prompt, length, _, restarts in reversed(dropped))
+                self._run(kept)
+                self.queued.extendleft((prompt, length, restarts + 1, None, 0)
+                                       for _, _, prompt, length, _, restarts, _
+                                       in reversed(dropped))
             case "recompute":  # stopped, kept: the rest is queued, prefilled again, same version
                 # a request's prefill is taken to sample its first token; the re-prefill of
                 # prompt + partial response is charged one decode step more than what is left
-                # (its cost growing with the context is not modelled)
                 self.holding = True
                 stopped = sorted(self.running, key=lambda r: r[1])
-                self.running, self.stall = [], 0.0
-                self.queued.extendleft((prompt, 1 + max(1, math.ceil(end - self.steps - 1e-9)),
-                                        0, version)
-                                       for end, _, prompt, _, version, _ in reversed(stopped))
+                self._run([])
+                queue = []
+                for end, _, prompt, _, version, _, offset in stopped:
+                    left = max(1, math.ceil(end - self.steps - 1e-9))
+                    has = max(0.0, offset + self.steps)  # its context now, less the prompt
+                    queue.append((prompt, 1 + left, 0, version, has))
+                self.queued.extendleft(reversed(queue))
             case "continue":
                 pass
             case _:
@@ -135,11 +168,38 @@ class StreamActor:
         self.holding, self.version = False, version
         self._start()
 
+    # -- time ---------------------------------------------------------------------------------
+    def _step_cost(self) -> tuple[float, float]:
+        """(cost of the next decode step, its growth per step after): with the rows constant,
+        every row's context (or the shared window) grows by one column a step."""
+        rows = len(self.running)
+        if not rows:
+            return 0.0, 0.0
+        if self.cost.kv_slots:
+            while self._widest[0][1] not in self._live:
+                heapq.heappop(self._widest)
+            context = -self._widest[0][0] + self.steps
+            rows = self._slots
+        else:
+            context = self._offset_sum / rows + self.steps
+        context += self.cost.prompt_tokens
+        return self.cost.decode(rows, rows * context), self.cost.col_s * rows
+
+    def _work_for(self, steps: float) -> float:
+        first, growth = self._step_cost()
+        return first * steps + growth * steps * steps / 2
+
+    def _steps_for(self, work: float) -> float:
+        first, growth = self._step_cost()
+        if growth <= 0:
+            return work / first
+        return 2 * work / (first + math.sqrt(first * first + 2 * growth * work))
+
     def seconds_to_next_event(self, speed: float) -> float:
         """Wall seconds until a request ends (or the prefill is done), at `speed`."""
         work = self.stall
         if self.running:
-            work += (self.running[0][0] - self.steps) * self.cost.decode(len(self.running))
+            work += self._work_for(max(0.0, self.running[0][0] - self.steps))
         return max(0.0, work) / speed
 
     def advance(self, dt: float, speed: float) -> list[tuple[int, float]]:
@@ -155,14 +215,15 @@ class StreamActor:
         self.stall -= burn
         work -= burn
         if self.running:
-            cost = self.cost.decode(len(self.running))
-            if cost <= 0:  # free decoding: the next request ends at once
+            if self._step_cost()[0] <= 0:  # free decoding: the next request ends at once
                 self.steps = max(self.steps, self.running[0][0])
             elif work > 0:
-                self.steps += work / cost
+                self.steps += self._steps_for(work)
         done = []
         while self.running and self.running[0][0] <= self.steps + 1e-9:
-            _, _, prompt, _, version, _ = heapq.heappop(self.running)
+            _, seq, prompt, _, version, _, offset = heapq.heappop(self.running)
+            self._live.discard(seq)
+            self._offset_sum -= offset
             prompt.version = version if prompt.version is None else min(prompt.version, version)
             prompt.left -= 1
             if prompt.left == 0:
@@ -172,26 +233,53 @@ class StreamActor:
                 else:
                     self.inflight -= 1
                     done.append((prompt.version, prompt.plan.train_tokens))
+        if not self.running:
+            self._offset_sum, self._widest = 0.0, []  # no drift, no dead entries kept
+        self._compact()
         self._start()
         return done
 
+    # -- requests -----------------------------------------------------------------------------
     def _queue_stage(self, prompt: _Prompt) -> None:
         lengths = prompt.plan.stages[prompt.stage]
         prompt.left = len(lengths)
-        self.queued.extend((prompt, n, 0, None) for n in lengths)
+        self.queued.extend((prompt, n, 0, None, 0) for n in lengths)
+
+    def _run(self, requests: list) -> None:
+        """The running requests are these (a sync stopped the others)."""
+        self.running = list(requests)
+        heapq.heapify(self.running)
+        self._live = {r[1] for r in requests}
+        self._offset_sum = sum(r[6] for r in requests)
+        self._widest = [(-r[6], r[1]) for r in requests]
+        heapq.heapify(self._widest)
+        self.stall = 0.0
+        self._compact()
+
+    def _compact(self) -> None:
+        """kv_slots: half the slots in use free, the live ones move to the front."""
+        if 2 * len(self.running) <= self._slots:
+            self._slots = len(self.running)
 
     def _start(self) -> None:
         """Requests waiting start while there is room (not while a sync holds them)."""
-        started = 0
+        started, widest = 0, 0.0
         while self.queued and not self.holding and len(self.running) < self.cost.max_batch:
-            prompt, length, restarts, version = self.queued.popleft()
+            prompt, length, restarts, version, has = self.queued.popleft()
             self._seq += 1
+            offset = has - self.steps  # its context at a later step s: prompt + offset + s
             # the prefill samples the first token; each decode step one more
             heapq.heappush(self.running, (self.steps + max(0, length - 1), self._seq, prompt,
                                           length, self.version if version is None else version,
-                                          restarts))
+                                          restarts, offset))
+            self._live.add(self._seq)
+            self._offset_sum += offset
+            if self.cost.kv_slots:
+                heapq.heappush(self._widest, (-offset, self._seq))
             started += 1
+            widest = max(widest, has)
+        self._slots = max(self._slots, len(self.running))  # free slots are taken first
         if started:  # requests added at one moment start in one engine step
-            self.stall += self.cost.prefill(started) - (self.cost.prefill_s if self._same_step
-                                                        else 0.0)
+            self.stall += self.cost.prefill(started, widest) - (self.cost.prefill_s
+                                                               if self._same_step else 0.0)
             self._same_step = True
