@@ -235,6 +235,9 @@ class StreamActor:
                     done.append((prompt.version, prompt.plan.train_tokens))
         if not self.running:
             self._offset_sum, self._widest = 0.0, []  # no drift, no dead entries kept
+        elif len(self._widest) > 2 * len(self.running) + 64:  # dead entries below the top
+            self._widest = [(-r[6], r[1]) for r in self.running]
+            heapq.heapify(self._widest)
         self._compact()
         self._start()
         return done
