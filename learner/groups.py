@@ -73,6 +73,7 @@ def generation_cost(groups: list[Group], dropped: list[Group] = ()) -> dict:
         "gen/prompt_lengths": [[[len(s.token_ids) for s in g.samples if s.stage == stage]
                                 for stage in sorted({s.stage for s in g.samples})]
                                for g in every],
+        "gen/prompt_tokens": [len(g.prompt_token_ids) for g in every],  # the same groups'
     }
 
 

@@ -138,3 +138,4 @@ def test_each_groups_lengths_are_logged_by_stage_for_the_planner():
     short, long_ = group("a", 5, n=4, length=3), group("b", 5, n=4, length=200, stage=1)
     m = group_metrics([short], [long_])
     assert m["gen/prompt_lengths"] == [[[3, 3, 3, 3]], [[200, 200, 200], [200]]]
+    assert m["gen/prompt_tokens"] == [1, 1]  # their prompts, in the same order

@@ -69,6 +69,7 @@ def write_sync_run(run_dir, steps: int = 60, seed: int = 0, probe: dict | None =
                      "perf/actor_gen_s": sum(s for s, _ in items), "stale/max": 0})
         if prompt_lengths:
             rows[-1]["gen/prompt_lengths"] = synthetic_groups(rng, 32)
+            rows[-1]["gen/prompt_tokens"] = [rng.randint(4, 10) for _ in range(32)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if probe is not None:
         (run_dir / DECODE_COST_FILE).parent.mkdir(parents=True, exist_ok=True)
@@ -278,11 +279,12 @@ def test_a_prompt_is_drawn_whole_from_the_runs_groups_its_answers_long_or_short_
     # drawn one by one from the pooled lengths, a prompt would mix them and hold its short rows'
     # slots idle while its long one runs on
     rng = random.Random(0)
-    groups = [[[rng.randint(3, 5) for _ in range(4)]] if i % 2 else
-              [[rng.randint(180, 220) for _ in range(4)], [rng.randint(180, 220) for _ in range(4)]]
+    groups = [(6, [[rng.randint(3, 5) for _ in range(4)]]) if i % 2 else
+              (52, [[rng.randint(180, 220) for _ in range(4)],
+                    [rng.randint(180, 220) for _ in range(4)]])
               for i in range(100)]
     items = [synthetic_item(rng) for _ in range(20)]
-    pooled = sorted(n for g in groups for stage in g for n in stage)
+    pooled = sorted(n for _, g in groups for stage in g for n in stage)
     deciles = [pooled[min(len(pooled) - 1, k * len(pooled) // 10)] for k in range(11)]
     model = fit_generation([ItemRecord(s, 8, tuple(tuple(x) for x in st)) for s, st in items],
                            [deciles], [5.0], groups)
@@ -292,3 +294,4 @@ def test_a_prompt_is_drawn_whole_from_the_runs_groups_its_answers_long_or_short_
         lengths = [n for stage in plan.stages for n in stage]
         assert max(lengths) <= 5 or min(lengths) >= 180, plan
         assert (len(plan.stages) == 2) == (min(lengths) >= 180)  # the long ones went on
+        assert plan.prompt == (52 if min(lengths) >= 180 else 6)  # with their own prompts

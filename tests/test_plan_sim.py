@@ -310,9 +310,9 @@ def test_a_row_joining_late_pays_its_own_context_or_the_engines_kv_slots(shared)
         assert extra == pytest.approx(own, rel=0.1)
 
 
-def busy_through_a_sync(cost: DecodeCost, policy: str) -> float:
+def busy_through_a_sync(cost: DecodeCost, policy: str, plan: PromptPlan = LONG) -> float:
     actor = StreamActor(cost)
-    actor.add([LONG])
+    actor.add([plan])
     actor.advance(actor.seconds_to_next_event(1.0) / 2, 1.0)
     actor.sync(policy)
     actor.release(1)
@@ -332,3 +332,22 @@ def test_recompute_prefills_prompt_and_partial_again_and_decodes_on_at_the_same_
     extra = busy_through_a_sync(paid, "recompute") - busy_through_a_sync(paid, "continue")
     # one row prefilled again over its prompt and the 120-160 tokens it had
     assert per_token * (PROMPT + 120) < extra < per_token * (PROMPT + 162)
+    # a prompt of 40 tokens (its plan says so) is prefilled again 40 wide, whatever the mean
+    own = PromptPlan(LONG.stages, prompt=40)
+    extra = busy_through_a_sync(paid, "recompute", own) - busy_through_a_sync(paid, "continue",
+                                                                               own)
+    assert per_token * (40 + 120) < extra < per_token * (40 + 162)
+
+
+@pytest.mark.parametrize("short_first, slot_steps", [(True, 10 * 3 + 90 * 3),
+                                                     (False, 10 * 3 + 90 * 2)])
+def test_the_hf_engines_free_slot_is_computed_on_unless_it_is_the_last(short_first, slot_steps):
+    # three rows in slots 0, 1, 2; the short one ends after 10 decode steps. Freed in the middle
+    # (slot 0) its slot is decoded on (2 of 3 live: no compaction); freed at the end (slot 2)
+    # the engine gives it up at once (actors/engines/kv_slots.py drop)
+    short, long_ = PromptPlan(((11,),)), PromptPlan(((101,),))
+    plans = [short, long_, long_] if short_first else [long_, long_, short]
+    actor = StreamActor(DecodeCost(step_s=0.0, row_s=1e-3, kv_slots=True))
+    actor.add(plans)
+    run_to_end(actor)
+    assert actor.busy_s == pytest.approx(slot_steps * 1e-3)

@@ -112,7 +112,7 @@ def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
             engine.step()
             took = time.perf_counter() - t0
             # what the step computed, where the engine says (the HF engine's free slots are
-            # computed too until half are free): else every row over its prompt and k tokens
+            # computed too, as it keeps them): else every row over its prompt and k tokens
             shape = getattr(engine, "last_decode_shape", None)
             steps.append((*(shape or (n, n * (width + k))), took))
         return padded, started, steps

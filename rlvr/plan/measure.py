@@ -7,7 +7,8 @@ steps and the last step left out, as `rlvr bench throughput` does):
     responses, longest response and tokens), the response-length deciles (`resp/len_q`) and
     every group's lengths by stage (`gen/prompt_lengths`), fitted into rlvr/plan/model.py's
     GenerationModel;
-  - the engine's cost per decode step by rows in flight and per request started: measured by
+  - the engine's cost per decode step by rows in flight and the context they attend over, and
+    per request started by its width (and each group's prompt, `gen/prompt_tokens`): measured by
     rlvr/plan/decode_probe.py with the run's engine and model on this machine, kept in
     RUN_DIR/plan/decode_cost.json (measured once, reused);
   - the actor loop's own time per decode step (messages, the verifier): in a sync run the
@@ -135,7 +136,13 @@ def measure(run_dir: str | Path, skip_first: int | None = None,
                            broadcast_s=0.0 if math.isnan(broadcast) else broadcast)
     train_per_group = [t / work.prompts_per_step for t in tokens if is_number(t)]
     lengths = [r["resp/len_q"] for r in window if isinstance(r.get("resp/len_q"), list)]
-    prompts = [p for r in window for p in r.get("gen/prompt_lengths") or []]
+    prompts = []
+    for r in window:
+        groups = r.get("gen/prompt_lengths") or []
+        prompt_tokens = r.get("gen/prompt_tokens") or []
+        if len(prompt_tokens) != len(groups):  # logged before gen/prompt_tokens: DecodeCost's
+            prompt_tokens = [0] * len(groups)  # mean and widest prompt stand in
+        prompts += zip(prompt_tokens, groups)
     if not prompts:
         notes.append("the run logged no gen/prompt_lengths (older than that metric): a prompt's "
                      "response lengths are drawn one by one from the pooled distribution, so its "

@@ -7,9 +7,10 @@ of their samples. A prompt active in stage s-1 is still active in stage s with t
 showed, and gets the run's mean responses per active prompt of that stage (rounded up or down at
 random, so the mean holds). Response lengths are drawn from the run's length distribution
 (`resp/len_q`, deciles per step), trained tokens per group from the run's steps. Where the run
-logged each group's lengths by stage (`gen/prompt_lengths`), a prompt is one of those drawn
-whole instead: its answers are long or short together and its later stage is the one a hard
-prompt had, so an engine holds as many rows as the run's did (lengths drawn one by one leave
+logged each group's lengths by stage (`gen/prompt_lengths`) and its prompt's tokens
+(`gen/prompt_tokens`), a prompt is one of those drawn whole instead: its answers are long or short
+together, its later stage is the one a hard prompt had and its prompt as long as that prompt's,
+so an engine holds as many rows, as wide, as the run's did (lengths drawn one by one leave
 most of a prompt's rows ended while its longest runs on: half the rows under `continue` on the
 long-tail task). What a stage
 costs in time is the actor model's business (rlvr/plan/stream_actor.py, DecodeCost).
@@ -48,9 +49,10 @@ class GenerationModel:
     """Response-length deciles of the run's steps (each 11 values, p0..p100)."""
     train_tokens_per_group: tuple[float, ...]
     """Trained tokens per group of the run's steps (one value per step)."""
-    prompts: tuple[tuple[tuple[int, ...], ...], ...] = ()
-    """The run's groups as generated: per stage its responses' lengths (gen/prompt_lengths);
-    empty: stages and lengths drawn from the fitted rates and the pooled lengths."""
+    prompts: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = ()
+    """The run's groups as generated: (prompt tokens or 0, per stage its responses' lengths)
+    (gen/prompt_tokens, gen/prompt_lengths); empty: stages and lengths drawn from the fitted
+    rates and the pooled lengths."""
 
     def draw_length(self, rng: random.Random) -> int:
         q = self.length_quantiles[rng.randrange(len(self.length_quantiles))]
@@ -62,7 +64,8 @@ class GenerationModel:
     def __call__(self, rng: random.Random) -> PromptPlan:
         if self.prompts:
             tokens = self.train_tokens_per_group[rng.randrange(len(self.train_tokens_per_group))]
-            return PromptPlan(self.prompts[rng.randrange(len(self.prompts))], tokens)
+            prompt, stages = self.prompts[rng.randrange(len(self.prompts))]
+            return PromptPlan(stages, tokens, prompt)
         stages = []
         for s, (stay, per) in enumerate(zip(self.stay_rate, self.responses_per_active)):
             if s > 0 and rng.random() >= stay:
@@ -75,9 +78,10 @@ class GenerationModel:
 
 def fit_generation(items: list[ItemRecord], length_quantiles: list[list[float]],
                    train_tokens_per_group: list[float],
-                   prompts: list[list[list[int]]] = ()) -> GenerationModel:
+                   prompts: list[tuple[int, list[list[int]]]] = ()) -> GenerationModel:
     """The run's stages, lengths and trained tokens, from its work items (gen/work_items), and
-    its groups' lengths by stage where logged (gen/prompt_lengths)."""
+    its groups where logged: (prompt tokens or 0, lengths by stage) (gen/prompt_tokens,
+    gen/prompt_lengths)."""
     if len(items) < 5 or not any(it.stages for it in items):
         raise ValueError(f"{len(items)} work items logged (gen/work_items): too few to fit the "
                          "run's stages (need >= 5; is the run older than that metric?)")
@@ -90,8 +94,8 @@ def fit_generation(items: list[ItemRecord], length_quantiles: list[list[float]],
     stay = tuple([1.0] + [prompts_at[s] / prompts_at[s - 1] if prompts_at[s - 1] else 0.0
                           for s in range(1, depth)])
     per = tuple(responses_at[s] / prompts_at[s] if prompts_at[s] else 0.0 for s in range(depth))
-    kept = tuple(tuple(tuple(max(1, int(n)) for n in stage) for stage in p if stage)
-                 for p in prompts)
+    kept = [(max(0, int(n)), tuple(tuple(max(1, int(x)) for x in stage) for stage in p if stage))
+            for n, p in prompts]
     return GenerationModel(stay, per, tuple(tuple(q) for q in length_quantiles),
                            tuple(train_tokens_per_group) or (0.0,),
-                           tuple(p for p in kept if p))
+                           tuple((n, p) for n, p in kept if p))

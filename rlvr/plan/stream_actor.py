@@ -5,8 +5,8 @@ runs its stages (a `PromptPlan`: per stage the lengths of its samples); a stage'
 requests that start as soon as the engine has room (`max_batch` rows), and the prompt's next
 stage is queued the moment its current one is done, without waiting for the other prompts of
 the work item (actors/scheduler.py). All running requests advance one token per decode step,
-and a step costs `DecodeCost.decode(rows)`; requests that start cost `DecodeCost.prefill(rows)`
-once. A prompt whose last stage is done is a group, with the oldest weights version any of its
+and a step costs `DecodeCost.decode(rows, columns)`; requests that start cost
+`DecodeCost.prefill(rows, width)` once (Context, below). A prompt whose last stage is done is a group, with the oldest weights version any of its
 finished samples started under (its oldest token). A weight sync (`sync`) is served as
 `actors.inflight_update` says: `finish` holds new requests until the running ones are done, then
 the actor joins the broadcast; `continue` joins at once and the running requests decode on under
@@ -21,7 +21,8 @@ Context: a decode step costs more the more keys and values its rows attend over
 with under `recompute`, and the tokens it has sampled since; vLLM's rows each attend over their
 own. The HF engine keeps its rows in KV slots (`kv_slots`, actors/engines/kv_slots.py): every
 slot in use attends over one window as wide as the longest context among them, and a freed
-slot is computed on until half of them are free (then the live ones move to the front). A
+slot is computed on until half of them are free (then the live ones move to the front), unless
+it is the last in use (given up at once); a new row takes the lowest free slot. A
 prefill costs per row, by its width (its rows padded to the longest: prompt, and under
 `recompute` the partial answer) and by the width's square (attention within it).
 
@@ -60,21 +61,21 @@ class DecodeCost:
     prefill_sq_s: float = 0.0
     """Per row of a prefill per column squared (attention within the prefill)."""
     prompt_tokens: float = 0.0
-    """A request's prompt (tokens, the mean): its context before it samples."""
+    """A request's prompt (tokens, the mean), where its plan does not say (PromptPlan.prompt)."""
     prompt_width: float = 0.0
-    """The width of a prefill of fresh prompts (its longest prompt)."""
+    """The width of a prefill of fresh prompts (the longest prompt), where their plans do not
+    say."""
     kv_slots: bool = False
-    """The HF engine's KV slots: every slot in use, free ones too until half are free, attends
+    """The HF engine's KV slots: every slot in use, free ones too (as the engine keeps them), attends
     over the longest context among the rows; else each row over its own (vLLM's paged KV)."""
 
     def decode(self, rows: int, columns: float = 0.0) -> float:
         return self.step_s + self.row_s * rows + self.col_s * columns
 
-    def prefill(self, rows: int, partial: float = 0.0) -> float:
-        """`rows` started in one step; `partial`: the longest partial answer among them."""
+    def prefill(self, rows: int, width: float = 0.0) -> float:
+        """`rows` started in one step, padded to `width` tokens (the longest among them)."""
         if not rows:
             return 0.0
-        width = self.prompt_width + partial
         return self.prefill_s + rows * (self.prefill_row_s + self.prefill_col_s * width
                                         + self.prefill_sq_s * width * width)
 
@@ -86,6 +87,8 @@ class PromptPlan:
     stages: tuple[tuple[int, ...], ...]
     train_tokens: float = 0.0
     """Response tokens of its group that will be trained on (nonzero advantage)."""
+    prompt: int = 0
+    """Its prompt's tokens (0: unknown, DecodeCost.prompt_tokens / prompt_width stand in)."""
 
 
 @dataclass
@@ -107,7 +110,8 @@ class StreamActor:
     queued: deque = field(default_factory=deque)  # waiting for room: (prompt, length, restarts,
     #                        version of its oldest token if it continues, tokens it has already)
     running: list = field(default_factory=list)  # heap: (ends at step, seq, prompt, length,
-    #     weights version it started under, restarts, its context at step 0: tokens - start)
+    #     weights version it started under, restarts, its context at step 0: prompt + tokens
+    #     it started with - the step it started at)
     steps: float = 0.0  # decode steps done
     stall: float = 0.0  # work-seconds of prefill before decoding goes on
     _seq: int = 0
@@ -115,7 +119,10 @@ class StreamActor:
     _offset_sum: float = 0.0  # sum of the running requests' contexts at step 0
     _widest: list = field(default_factory=list)  # heap (-context at step 0, seq), lazily pruned
     _live: set = field(default_factory=set)  # seqs running
-    _slots: int = 0  # kv_slots: slots in use, free ones among them
+    _slots: int = 0  # kv_slots: slots in use, free ones among them (up to the last live one)
+    _slot_of: dict = field(default_factory=dict)  # seq -> its slot
+    _taken: set = field(default_factory=set)  # slots of the running rows
+    _free: list = field(default_factory=list)  # heap of free slots below _slots, lazily pruned
 
     @property
     def computing(self) -> bool:
@@ -155,7 +162,8 @@ class StreamActor:
                 queue = []
                 for end, _, prompt, _, version, _, offset in stopped:
                     left = max(1, math.ceil(end - self.steps - 1e-9))
-                    has = max(0.0, offset + self.steps)  # its context now, less the prompt
+                    # its answer so far: its context now, less its prompt
+                    has = max(0.0, offset + self.steps - self._prompt_tokens(prompt))
                     queue.append((prompt, 1 + left, 0, version, has))
                 self.queued.extendleft(reversed(queue))
             case "continue":
@@ -182,7 +190,6 @@ class StreamActor:
             rows = self._slots
         else:
             context = self._offset_sum / rows + self.steps
-        context += self.cost.prompt_tokens
         return self.cost.decode(rows, rows * context), self.cost.col_s * rows
 
     def _work_for(self, steps: float) -> float:
@@ -215,7 +222,8 @@ class StreamActor:
         self.stall -= burn
         work -= burn
         if self.running:
-            if self._step_cost()[0] <= 0:  # free decoding: the next request ends at once
+            first, growth = self._step_cost()
+            if first <= 0 and growth <= 0:  # free decoding: the next request ends at once
                 self.steps = max(self.steps, self.running[0][0])
             elif work > 0:
                 self.steps += self._steps_for(work)
@@ -223,6 +231,7 @@ class StreamActor:
         while self.running and self.running[0][0] <= self.steps + 1e-9:
             _, seq, prompt, _, version, _, offset = heapq.heappop(self.running)
             self._live.discard(seq)
+            self._free_slot(seq)
             self._offset_sum -= offset
             prompt.version = version if prompt.version is None else min(prompt.version, version)
             prompt.left -= 1
@@ -252,6 +261,8 @@ class StreamActor:
         """The running requests are these (a sync stopped the others)."""
         self.running = list(requests)
         heapq.heapify(self.running)
+        for seq in self._live - {r[1] for r in requests}:
+            self._free_slot(seq)
         self._live = {r[1] for r in requests}
         self._offset_sum = sum(r[6] for r in requests)
         self._widest = [(-r[6], r[1]) for r in requests]
@@ -259,10 +270,35 @@ class StreamActor:
         self.stall = 0.0
         self._compact()
 
+    def _prompt_tokens(self, prompt: _Prompt) -> float:
+        return prompt.plan.prompt or self.cost.prompt_tokens
+
+    # -- the HF engine's KV slots (actors/engines/kv_slots.py), as it takes and frees them -----
+    def _take_slot(self, seq: int) -> None:
+        """A new row takes the lowest free slot, else one past those in use."""
+        while self._free and (self._free[0] >= self._slots or self._free[0] in self._taken):
+            heapq.heappop(self._free)  # given up at the end since, or taken
+        if self._free:
+            slot = heapq.heappop(self._free)
+        else:
+            slot, self._slots = self._slots, self._slots + 1
+        self._slot_of[seq] = slot
+        self._taken.add(slot)
+
+    def _free_slot(self, seq: int) -> None:
+        """A row ended: its slot is free; free slots at the end are given up at once."""
+        slot = self._slot_of.pop(seq)
+        self._taken.discard(slot)
+        heapq.heappush(self._free, slot)
+        while self._slots and self._slots - 1 not in self._taken:
+            self._slots -= 1
+
     def _compact(self) -> None:
-        """kv_slots: half the slots in use free, the live ones move to the front."""
-        if 2 * len(self.running) <= self._slots:
-            self._slots = len(self.running)
+        """Half the slots in use free: the live ones move to the front, in their order."""
+        if 2 * len(self._slot_of) <= self._slots:
+            order = sorted(self._slot_of, key=self._slot_of.get)
+            self._slot_of = {seq: i for i, seq in enumerate(order)}
+            self._slots, self._free, self._taken = len(order), [], set(range(len(order)))
 
     def _start(self) -> None:
         """Requests waiting start while there is room (not while a sync holds them)."""
@@ -270,18 +306,19 @@ class StreamActor:
         while self.queued and not self.holding and len(self.running) < self.cost.max_batch:
             prompt, length, restarts, version, has = self.queued.popleft()
             self._seq += 1
-            offset = has - self.steps  # its context at a later step s: prompt + offset + s
-            # the prefill samples the first token; each decode step one more
+            # its context at a later step s is offset + s; the prefill samples the first token,
+            # each decode step one more
+            offset = self._prompt_tokens(prompt) + has - self.steps
             heapq.heappush(self.running, (self.steps + max(0, length - 1), self._seq, prompt,
                                           length, self.version if version is None else version,
                                           restarts, offset))
             self._live.add(self._seq)
+            self._take_slot(self._seq)
             self._offset_sum += offset
             if self.cost.kv_slots:
                 heapq.heappush(self._widest, (-offset, self._seq))
             started += 1
-            widest = max(widest, has)
-        self._slots = max(self._slots, len(self.running))  # free slots are taken first
+            widest = max(widest, (prompt.plan.prompt or self.cost.prompt_width) + has)  # padded
         if started:  # requests added at one moment start in one engine step
             self.stall += self.cost.prefill(started, widest) - (self.cost.prefill_s
                                                                if self._same_step else 0.0)
