@@ -191,16 +191,17 @@ def load_or_probe(run_dir: Path) -> dict:
     if path.exists():
         try:
             probe = json.loads(path.read_text())
-            missing = [k for k in PROBE_KEYS if k not in probe]
-            if missing:
-                raise ValueError(f"{path}: measured by an earlier decode probe (no "
-                                 f"{', '.join(missing)}); delete it to measure again")
-            return probe | {k: float(probe[k]) for k in PROBE_KEYS}
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            if str(e).startswith(str(path)):
-                raise
+            if not isinstance(probe, dict):
+                raise TypeError(f"a {type(probe).__name__}, not an object")
+            costs = {k: float(probe[k]) for k in PROBE_KEYS if k in probe}
+        except (ValueError, TypeError) as e:
             raise ValueError(f"{path}: not a decode probe result ({e}); delete it to measure "
                              "again") from None
+        missing = [k for k in PROBE_KEYS if k not in costs]
+        if missing:
+            raise ValueError(f"{path}: measured by an earlier decode probe (no "
+                             f"{', '.join(missing)}); delete it to measure again")
+        return probe | costs
     from rlvr.plan.decode_probe import measure_decode_cost  # loads torch: only when needed
 
     print(f"plan: measuring the engine's decode step costs for {run_dir} "

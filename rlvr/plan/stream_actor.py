@@ -118,9 +118,8 @@ class StreamActor:
     _same_step: bool = False  # requests started since the last advance: one engine step
     _offset_sum: float = 0.0  # sum of the running requests' contexts at step 0
     _widest: list = field(default_factory=list)  # heap (-context at step 0, seq), lazily pruned
-    _live: set = field(default_factory=set)  # seqs running
     _slots: int = 0  # kv_slots: slots in use, free ones among them (up to the last live one)
-    _slot_of: dict = field(default_factory=dict)  # seq -> its slot
+    _slot_of: dict = field(default_factory=dict)  # seq of each running request -> its slot
     _taken: set = field(default_factory=set)  # slots of the running rows
     _free: list = field(default_factory=list)  # heap of free slots below _slots, lazily pruned
 
@@ -184,7 +183,7 @@ class StreamActor:
         if not rows:
             return 0.0, 0.0
         if self.cost.kv_slots:
-            while self._widest[0][1] not in self._live:
+            while self._widest[0][1] not in self._slot_of:
                 heapq.heappop(self._widest)
             context = -self._widest[0][0] + self.steps
             rows = self._slots
@@ -192,12 +191,10 @@ class StreamActor:
             context = self._offset_sum / rows + self.steps
         return self.cost.decode(rows, rows * context), self.cost.col_s * rows
 
-    def _work_for(self, steps: float) -> float:
-        first, growth = self._step_cost()
-        return first * steps + growth * steps * steps / 2
-
-    def _steps_for(self, work: float) -> float:
-        first, growth = self._step_cost()
+    @staticmethod
+    def _steps_for(work: float, first: float, growth: float) -> float:
+        """Decode steps `work` pays for, the first costing `first` and each next `growth` more
+        (the root of first x n + growth x n^2 / 2 = work, in its stable form)."""
         if growth <= 0:
             return work / first
         return 2 * work / (first + math.sqrt(first * first + 2 * growth * work))
@@ -206,7 +203,9 @@ class StreamActor:
         """Wall seconds until a request ends (or the prefill is done), at `speed`."""
         work = self.stall
         if self.running:
-            work += self._work_for(max(0.0, self.running[0][0] - self.steps))
+            first, growth = self._step_cost()
+            steps = max(0.0, self.running[0][0] - self.steps)
+            work += first * steps + growth * steps * steps / 2
         return max(0.0, work) / speed
 
     def advance(self, dt: float, speed: float) -> list[tuple[int, float]]:
@@ -226,11 +225,10 @@ class StreamActor:
             if first <= 0 and growth <= 0:  # free decoding: the next request ends at once
                 self.steps = max(self.steps, self.running[0][0])
             elif work > 0:
-                self.steps += self._steps_for(work)
+                self.steps += self._steps_for(work, first, growth)
         done = []
         while self.running and self.running[0][0] <= self.steps + 1e-9:
             _, seq, prompt, _, version, _, offset = heapq.heappop(self.running)
-            self._live.discard(seq)
             self._free_slot(seq)
             self._offset_sum -= offset
             prompt.version = version if prompt.version is None else min(prompt.version, version)
@@ -261,9 +259,8 @@ class StreamActor:
         """The running requests are these (a sync stopped the others)."""
         self.running = list(requests)
         heapq.heapify(self.running)
-        for seq in self._live - {r[1] for r in requests}:
+        for seq in set(self._slot_of) - {r[1] for r in requests}:
             self._free_slot(seq)
-        self._live = {r[1] for r in requests}
         self._offset_sum = sum(r[6] for r in requests)
         self._widest = [(-r[6], r[1]) for r in requests]
         heapq.heapify(self._widest)
@@ -312,7 +309,6 @@ class StreamActor:
             heapq.heappush(self.running, (self.steps + max(0, length - 1), self._seq, prompt,
                                           length, self.version if version is None else version,
                                           restarts, offset))
-            self._live.add(self._seq)
             self._take_slot(self._seq)
             self._offset_sum += offset
             if self.cost.kv_slots:
