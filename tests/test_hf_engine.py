@@ -193,3 +193,21 @@ def test_a_prompt_wider_than_the_cache_so_far_joins_an_emptied_engine():
         done += engine.step()
     ref = full_forward_logp(model, wide, done[0].token_ids, 1.0)
     assert (torch.tensor(done[0].logprobs) - ref).abs().max() < 1e-5
+
+
+def test_rows_admitted_together_are_prefilled_in_one_forward_pass_and_decoded_in_one():
+    """The batching the planner's decode probe measures: 64 waiting requests cost one padded
+    prefill pass, and the next step one decode pass of all 64 rows, not a pass per row."""
+    tok, model = tiny()
+    engine = HFEngine(model, max_batch=64)
+    prompts = [prompt_token_ids(tok, f"{i}+{7 * i}=") for i in range(64)]
+    shapes = []
+    model.register_forward_pre_hook(lambda _, args, kwargs: shapes.append(
+        tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    for rid, p in enumerate(prompts):
+        engine.add(rid, p, max_new_tokens=4)
+    engine.step()
+    assert shapes == [(64, max(map(len, prompts)))]
+    running = len(engine.running())  # those whose first token was not the end
+    engine.step()
+    assert len(shapes) == 2 and shapes[1][1] == 1 and shapes[1][0] >= running > 32

@@ -240,11 +240,10 @@ def test_the_decode_probe_measures_that_rows_share_a_step_on_the_real_engine(tin
     assert {n for n, _, _ in probe["prefill_points"]} == {1, 2, 4, 8, 16, 32, 64}
     # widths: the longest prompt of the batch (under 30 tokens here), or it + 24 or + 88
     short = [(n, t) for n, width, t in probe["prefill_points"] if width < 30]
-    pre_one = min(t for n, t in short if n == 1)
+    # that a prefill of 64 rows is one pass is pinned by its shape (test_hf_engine.py), not by
+    # its time against one row's: 11.2x here, 32x on a CI machine, where one row's time is
+    # mostly overhead and 64 rows' mostly arithmetic, which a machine or a neighbour can slow
     pre_full = min(t for n, t in short if n == 64)
-    # calibrated: 11.2 +- 2.17 over 5 runs beside two busy cores (tests/README.md)
-    record("prefill of 64 rows / prefill of one row, fastest of 5", pre_full / pre_one, high=32)
-    assert pre_full < 64 * pre_one / 2  # a prefill of 64 rows is batched too
     # a re-prefill of prompt + 88 tokens of answer (recompute's) costs per token, not per row
     long_full = min(t for n, width, t in probe["prefill_points"] if n == 64 and width > 88)
     # calibrated: 12.9 +- 1.61 over 5 runs beside two busy cores (tests/README.md)
