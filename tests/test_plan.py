@@ -238,6 +238,7 @@ def test_the_decode_probe_measures_that_rows_share_a_step_on_the_real_engine(tin
     probe = measure_decode_cost(tmp_path, repeats=5)
     assert probe["max_batch"] == 64 and probe["engine"] == "hf"
     assert {n for n, _, _ in probe["prefill_points"]} == {1, 2, 4, 8, 16, 32, 64}
+    assert probe["prefill_steps"] == [1] * len(probe["prefill_points"])  # every row at once
     # widths: the longest prompt of the batch (under 30 tokens here), or it + 24 or + 88
     short = [(n, t) for n, width, t in probe["prefill_points"] if width < 30]
     # that a prefill of 64 rows is one pass is pinned by its shape (test_hf_engine.py), not by
@@ -255,6 +256,29 @@ def test_the_decode_probe_measures_that_rows_share_a_step_on_the_real_engine(tin
     # calibrated: 3.73 +- 0.251 over 5 runs beside two busy cores (tests/README.md)
     record("decode step of 64 rows / step of one row, fastest", full / one, high=16)
     assert full < 64 * one / 4  # a step of 64 rows costs far less than 64 steps of one
+
+
+@pytest.mark.slow
+def test_the_decode_probe_on_vllm_times_each_prefill_whole_and_from_nothing(tiny_model, tmp_path):
+    """vLLM prefills a budget of tokens a step (chunked) and keeps prompt blocks it has seen:
+    the probe times a prefill until every row has its first token, on a cache emptied first."""
+    from rlvr.plan.decode_probe import measure_decode_cost
+
+    cfg = load_config(TINY, [f"model.path={tiny_model}", "actors.engine=vllm",
+                             "actors.kv_cache_gib=1", "actors.enforce_eager=true",
+                             "actors.max_batch=64", "rollout.max_new_tokens=200"])
+    write_resolved(cfg, tmp_path)
+    probe = measure_decode_cost(tmp_path, repeats=2)
+    assert probe["engine"] == "vllm" and not probe["kv_slots"]
+    # each batch of the same prompts prefilled anew, not read from the cache of the one before
+    # (prompts lengthened by 192 tokens fill whole KV blocks, which the cache keeps)
+    assert probe["prompt_tokens_cached"] == 0
+    points = [(n, w, steps) for (n, w, _), steps in zip(probe["prefill_points"],
+                                                         probe["prefill_steps"])]
+    # 64 rows of prompt + 192 tokens are past vLLM's 4096 tokens a step: timed over every step
+    assert all(steps >= 2 for n, w, steps in points if n * w > 4096), points
+    assert all(steps == 1 for n, w, steps in points if n * w < 2048), points
+    assert probe["prefill_col_s"] + probe["prefill_sq_s"] > 0 and probe["col_s"] >= 0
 
 
 @settings(max_examples=30, deadline=None)

@@ -179,3 +179,28 @@ def test_a_hold_keeps_unstarted_requests_out_of_vllm_until_admitted(setup):
     f = done[301]
     ref = full_forward_logp(model, second, f.token_ids)
     assert (torch.tensor(f.logprobs) - ref).abs().max() < 1e-4
+
+
+def test_drop_prefix_cache_makes_a_prompt_seen_before_prefill_from_nothing(setup):
+    # the decode probe times prefills of prompts it has prefilled before: from the cache they
+    # would cost next to nothing
+    engine, tok, _ = setup
+    prompt = long_prompt(engine, tok)
+
+    def cached_tokens_of_a_run(rid: int) -> int:
+        before = engine.prompt_tokens_cached
+        engine.add(rid, prompt, max_new_tokens=4)
+        while engine.unfinished():
+            engine.step()
+        return engine.prompt_tokens_cached - before
+
+    cached_tokens_of_a_run(400)
+    assert cached_tokens_of_a_run(401) > 0  # the same prompt again: its blocks came cached
+    engine.drop_prefix_cache()
+    assert cached_tokens_of_a_run(402) == 0
+    engine.add(403, prompt, max_new_tokens=4)
+    engine.step()
+    with pytest.raises(RuntimeError, match="empty engine"):
+        engine.drop_prefix_cache()
+    while engine.unfinished():
+        engine.step()

@@ -78,6 +78,7 @@ class VLLMStepLoop:
     policy_version: int = 0
     weights_loaded: int = 0  # weight updates committed: the cache salt of new requests
     prefix_cache_resets_refused: int = 0
+    prompt_tokens_cached: int = 0  # prompt tokens whose KV came from the prefix cache, all told
     last_step_rows: int = 0
 
     def _step_state(self) -> dict[int, _Request]:
@@ -138,6 +139,8 @@ class VLLMStepLoop:
                 continue
             c = out.outputs[0]
             self.last_step_rows += bool(c.token_ids)
+            if c.token_ids and not r.tokens:  # its first token: the prefill is done
+                self.prompt_tokens_cached += out.num_cached_tokens or 0
             r.extend(c.token_ids, c.logprobs, self.policy_version)
             r.compute_s += share
             if out.finished:
@@ -169,6 +172,13 @@ class VLLMStepLoop:
     @property
     def max_rows(self) -> int:
         return self._llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
+
+    def drop_prefix_cache(self) -> None:
+        """Forget every cached prompt block, so the next prompts are prefilled from nothing (the
+        decode probe times prefills, rlvr/plan/decode_probe.py). Only with no request in vLLM."""
+        if any(r.in_vllm for r in self._step_state().values()) or \
+                not self._llm.reset_prefix_cache():
+            raise RuntimeError("drop_prefix_cache: requests hold blocks; call it on an empty engine")
 
     def commit_weights(self) -> None:
         self._reload_weights()

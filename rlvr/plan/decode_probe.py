@@ -11,15 +11,17 @@ by a stream of requests holds rows at every point of their answers, and pays 1.5
 what the same rows pay started together (BENCHMARKS.md, "Long tail"). A run's logs give each
 sample's share of the steps it took part in, not how a step's cost splits; this probe measures
 that split with the run's own engine, model and prompts on this machine: R requests of the run's
-held-out prompts started at once (the prefill), then decoded to `rollout.max_new_tokens`, for R
-from 1 up to the engine's batch; and the same prompts lengthened by part of an answer (what
-`recompute` prefills again), prefilled and decoded a few steps. Least squares with no negative cost, over the steps:
+held-out prompts started at once, prefilled (until every row has its first token: vLLM prefills
+a budget of tokens a step) and decoded to `rollout.max_new_tokens`, for R from 1 up to the
+engine's batch; and the same prompts lengthened by part of an answer (what `recompute` prefills
+again), prefilled and decoded a few steps. Least squares with no negative cost, over the steps:
 
     decode step = step_s + row_s x rows + col_s x rows x (prompt + tokens decoded)
     prefill     = prefill_s + rows x (prefill_row_s + prefill_col_s x W + prefill_sq_s x W^2)
 
-with W the prefill's width: its rows are padded to the longest (a fresh one's longest prompt,
-`prompt_width`; under `recompute` prompt + partial answer). The square is attention within the
+with W the prefill's width: the HF engine pads its rows to the longest (a fresh one's longest
+prompt, `prompt_width`; under `recompute` prompt + partial answer), vLLM packs them (W their
+mean). The square is attention within the
 prefill: on the long-tail task a row of 300 columns costs 9x one of 52, not 6x.
 
 The simulator's `DecodeCost` takes them (rlvr/plan/stream_actor.py); `rlvr plan` adds the actor
@@ -63,8 +65,9 @@ def fit_nonnegative(x: list[list[float]], y: list[float]) -> list[float]:
 def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
     """{"step_s", "row_s", "col_s", "prefill_s", "prefill_row_s", "prefill_col_s",
     "prefill_sq_s", "prompt_tokens", "prompt_width", "max_batch", "engine", "kv_slots",
-    "decode_points", "prefill_points"} for the run's engine (seconds; points as [rows, columns,
-    seconds]: the columns a decode step attends over, rows x context; a prefill's width)."""
+    "decode_points", "prefill_points", "prefill_steps"} for the run's engine (seconds; points as
+    [rows, columns, seconds]: the columns a decode step attends over, rows x context; a
+    prefill's width; the engine steps each prefill took)."""
     import torch
     from tasks.tiny_model import load_tokenizer
 
@@ -91,19 +94,29 @@ def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
     # row would be fitted on a few rows alone)
     tail = min(8, r.max_new_tokens)
     extra = sorted({max(1, r.max_new_tokens // 4), max(1, r.max_new_tokens - tail)})
-    decode, prefill, rid = [], [], 0
+    decode, prefill, prefill_steps, rid = [], [], [], 0
 
-    def batch(rows: int, lengthen: int, new_tokens: int) -> tuple[int, float, list]:
+    # vLLM keeps the prompt blocks of earlier batches: the same prompts would be prefilled from
+    # its cache (the HF engine has none)
+    forget_prefixes = getattr(engine, "drop_prefix_cache", lambda: None)
+    pads = cfg.actors.engine == "hf"  # rows padded to the longest; vLLM packs them unpadded
+
+    def batch(rows: int, lengthen: int, new_tokens: int) -> tuple[float, float, int, list]:
         nonlocal rid
         chosen = [prompts[(rid + i) % len(prompts)] for i in range(rows)]
         chosen = [(p * (1 + lengthen // len(p) + 1))[:len(p) + lengthen] for p in chosen]
+        forget_prefixes()
         for p in chosen:
             engine.add(rid, p, new_tokens, r.temperature, 1.0)
             rid += 1
         width = sum(map(len, chosen)) / rows  # mean context of a row
-        padded = max(map(len, chosen))
-        t0 = time.perf_counter()
-        engine.step()
+        padded = max(map(len, chosen)) if pads else width  # what the prefill computed per row
+        # the prefill lasts until every row has its first token: vLLM prefills a budget of
+        # tokens a step (max_num_batched_tokens, chunked), the HF engine all rows in one
+        t0, ended, prefill_steps = time.perf_counter(), 0, 0
+        while len(engine.running()) + ended < rows and engine.unfinished():
+            ended += len(engine.step())
+            prefill_steps += 1
         started = time.perf_counter() - t0
         steps, k = [], 0
         while engine.running():
@@ -115,18 +128,16 @@ def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
             # computed too, as it keeps them): else every row over its prompt and k tokens
             shape = getattr(engine, "last_decode_shape", None)
             steps.append((*(shape or (n, n * (width + k))), took))
-        return padded, started, steps
+        return padded, started, prefill_steps, steps
 
     try:
         batch(1, 0, r.max_new_tokens)  # warms the engine up, not kept
         for rows in sizes:
             for _ in range(repeats):
-                padded, started, steps = batch(rows, 0, r.max_new_tokens)
-                prefill.append((rows, padded, started))
-                decode += steps
-                for lengthen in extra:
-                    padded, started, steps = batch(rows, lengthen, tail)
+                for lengthen, new_tokens in [(0, r.max_new_tokens)] + [(e, tail) for e in extra]:
+                    padded, started, took_steps, steps = batch(rows, lengthen, new_tokens)
                     prefill.append((rows, padded, started))
+                    prefill_steps.append(took_steps)
                     decode += steps
     finally:
         engine.close()
@@ -140,11 +151,15 @@ def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
            "prompt_tokens": float(np.mean([len(p) for p in prompts])),
            "prompt_width": float(max(len(p) for p in prompts)),
            "max_batch": top, "engine": cfg.actors.engine,
-           "kv_slots": cfg.actors.engine == "hf"}
+           "kv_slots": cfg.actors.engine == "hf",
+           # prompt tokens vLLM took from its prefix cache (rows of one batch sharing a prompt
+           # or its template's first blocks): prefills timed cheaper than from nothing
+           "prompt_tokens_cached": getattr(engine, "prompt_tokens_cached", 0)}
     if not all(math.isfinite(out[k]) for k in PROBE_KEYS):
         raise ValueError(f"{run_dir}: decode probe gave no finite fit")
     return out | {"decode_points": [[n, round(c, 1), round(t, 6)] for n, c, t in decode],
-                  "prefill_points": [[n, round(w, 1), round(t, 6)] for n, w, t in prefill]}
+                  "prefill_points": [[n, round(w, 1), round(t, 6)] for n, w, t in prefill],
+                  "prefill_steps": prefill_steps}
 
 
 if __name__ == "__main__":

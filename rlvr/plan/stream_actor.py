@@ -23,8 +23,9 @@ own. The HF engine keeps its rows in KV slots (`kv_slots`, actors/engines/kv_slo
 slot in use attends over one window as wide as the longest context among them, and a freed
 slot is computed on until half of them are free (then the live ones move to the front), unless
 it is the last in use (given up at once); a new row takes the lowest free slot. A
-prefill costs per row, by its width (its rows padded to the longest: prompt, and under
-`recompute` the partial answer) and by the width's square (attention within it).
+prefill costs per row, by its width (prompt, and under `recompute` the partial answer; the HF
+engine pads its rows to the longest, vLLM packs them: their mean) and by the width's square
+(attention within it).
 
 Time: the actor keeps its own count of decode steps; between two events (a request ends, work
 arrives, a sync) every running request advances by the same number of steps, so the simulator
@@ -57,14 +58,15 @@ class DecodeCost:
     col_s: float = 0.0
     """Per column of keys and values attended over per decode step (rows x context)."""
     prefill_col_s: float = 0.0
-    """Per row of a prefill per column of its width (its rows padded to the longest)."""
+    """Per row of a prefill per column of its width (the HF engine's rows padded to the longest,
+    vLLM's packed: their mean)."""
     prefill_sq_s: float = 0.0
     """Per row of a prefill per column squared (attention within the prefill)."""
     prompt_tokens: float = 0.0
     """A request's prompt (tokens, the mean), where its plan does not say (PromptPlan.prompt)."""
     prompt_width: float = 0.0
-    """The width of a prefill of fresh prompts (the longest prompt), where their plans do not
-    say."""
+    """The width of the HF engine's prefill of fresh prompts (the longest prompt), where their
+    plans do not say."""
     kv_slots: bool = False
     """The HF engine's KV slots: every slot in use, free ones too (as the engine keeps them), attends
     over the longest context among the rows; else each row over its own (vLLM's paged KV)."""
@@ -299,7 +301,7 @@ class StreamActor:
 
     def _start(self) -> None:
         """Requests waiting start while there is room (not while a sync holds them)."""
-        started, widest = 0, 0.0
+        started, widest, total = 0, 0.0, 0.0
         while self.queued and not self.holding and len(self.running) < self.cost.max_batch:
             prompt, length, restarts, version, has = self.queued.popleft()
             self._seq += 1
@@ -314,8 +316,12 @@ class StreamActor:
             if self.cost.kv_slots:
                 heapq.heappush(self._widest, (-offset, self._seq))
             started += 1
-            widest = max(widest, (prompt.plan.prompt or self.cost.prompt_width) + has)  # padded
+            width = (prompt.plan.prompt or (self.cost.prompt_width if self.cost.kv_slots
+                                            else self.cost.prompt_tokens)) + has
+            widest, total = max(widest, width), total + width
         if started:  # requests added at one moment start in one engine step
-            self.stall += self.cost.prefill(started, widest) - (self.cost.prefill_s
-                                                               if self._same_step else 0.0)
+            # the HF engine pads them to the longest, vLLM packs them
+            width = widest if self.cost.kv_slots else total / started
+            self.stall += self.cost.prefill(started, width) - (self.cost.prefill_s
+                                                              if self._same_step else 0.0)
             self._same_step = True
