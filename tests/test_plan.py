@@ -266,12 +266,14 @@ def test_the_decode_probe_on_vllm_times_each_prefill_whole_and_from_nothing(tiny
 
     cfg = load_config(TINY, [f"model.path={tiny_model}", "actors.engine=vllm",
                              "actors.kv_cache_gib=1", "actors.enforce_eager=true",
-                             "actors.max_batch=64", "rollout.max_new_tokens=200"])
+                             "actors.max_batch=64", "rollout.max_new_tokens=200",
+                             "task.eval_per_level=8"])  # 24 prompts: a batch repeats them
     write_resolved(cfg, tmp_path)
     probe = measure_decode_cost(tmp_path, repeats=2)
     assert probe["engine"] == "vllm" and not probe["kv_slots"]
-    # each batch of the same prompts prefilled anew, not read from the cache of the one before
-    # (prompts lengthened by 192 tokens fill whole KV blocks, which the cache keeps)
+    # each prefill computed from nothing: not read from the blocks of an earlier batch's, nor
+    # of a row of the same batch with the same prompt (lengthened by 192 tokens, they fill
+    # whole KV blocks, which the cache keeps)
     assert probe["prompt_tokens_cached"] == 0
     points = [(n, w, steps) for (n, w, _), steps in zip(probe["prefill_points"],
                                                          probe["prefill_steps"])]

@@ -32,6 +32,7 @@ runs on the machine at that moment is in the numbers.
 from __future__ import annotations
 
 import math
+import random
 import sys
 import time
 from pathlib import Path
@@ -104,7 +105,9 @@ def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
     def batch(rows: int, lengthen: int, new_tokens: int) -> tuple[float, float, int, list]:
         nonlocal rid
         chosen = [prompts[(rid + i) % len(prompts)] for i in range(rows)]
-        chosen = [(p * (1 + lengthen // len(p) + 1))[:len(p) + lengthen] for p in chosen]
+        # each row a partial answer of its own, as in a run: rows sharing a prompt share no KV
+        # block past it (vLLM would read the later rows' from its prefix cache)
+        chosen = [p + random.Random(rid + i).choices(p, k=lengthen) for i, p in enumerate(chosen)]
         forget_prefixes()
         for p in chosen:
             engine.add(rid, p, new_tokens, r.temperature, 1.0)
