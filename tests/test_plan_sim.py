@@ -229,9 +229,10 @@ def test_what_outlives_the_bound_is_trained_or_dropped_and_always_counted(split,
        seed=st.integers(0, 3))
 def test_without_batching_no_split_beats_the_overlap_bound(split, work, cost, row_s, seed):
     """With a cost per row only, a step cannot be shorter than the learner's own work, nor than
-    the step's generation spread perfectly over the actors."""
-    r = simulate(split, work, cost, ONE_STEP, DecodeCost(0.0, row_s), steps=80, seed=seed,
-                 skip_first=8)
+    the step's generation spread perfectly over the actors. Every pass that samples a token
+    costs it, the prefill too: under `recompute` a re-prefill samples a request's next token."""
+    per_row = DecodeCost(0.0, row_s, prefill_row_s=row_s)
+    r = simulate(split, work, cost, ONE_STEP, per_row, steps=80, seed=seed, skip_first=8)
     t = cost.fixed_s + cost.update(split.learner_ranks, 0.0)
     floor_s = max(t, work.prompts_per_step * row_s / split.actors)
     # the 72 measured steps may start with up to S + 1 steps' groups generated before them
@@ -323,7 +324,7 @@ def busy_through_a_sync(cost: DecodeCost, policy: str, plan: PromptPlan = LONG) 
 def test_recompute_prefills_prompt_and_partial_again_and_decodes_on_at_the_same_context():
     free_prefill = DecodeCost(step_s=0.0, col_s=COL, prompt_tokens=PROMPT)
     # the partial answer is back in the context: the rest costs what it would have (one decode
-    # step more: the re-prefill is taken to sample no new token)
+    # step less: the re-prefill samples the first token of the rest)
     assert busy_through_a_sync(free_prefill, "recompute") == pytest.approx(
         busy_through_a_sync(free_prefill, "continue"), rel=0.01)
     per_token = 1e-3
@@ -337,6 +338,21 @@ def test_recompute_prefills_prompt_and_partial_again_and_decodes_on_at_the_same_
     extra = busy_through_a_sync(paid, "recompute", own) - busy_through_a_sync(paid, "continue",
                                                                                own)
     assert per_token * (40 + 120) < extra < per_token * (40 + 162)
+
+
+def test_a_sample_stopped_by_recompute_takes_one_decode_step_less_its_re_prefill_samples_it():
+    # the re-prefill samples the first token of the rest, as a fresh request's prefill does
+    # (actors/scheduler.py re-submits prompt + partial answer as a request)
+    cost = DecodeCost(step_s=1.0)
+    for stop_after in (1.0, 37.0, 150.0):  # decode steps done when the sync comes
+        actor = StreamActor(cost)
+        actor.add([LONG])
+        actor.advance(stop_after, 1.0)
+        actor.sync("recompute")
+        actor.release(1)
+        run_to_end(actor)
+        # 201 tokens: the prefill's, 200 - 1 decode steps' and the re-prefill's
+        assert actor.steps == pytest.approx(199), stop_after
 
 
 @pytest.mark.parametrize("short_first, slot_steps", [(True, 10 * 3 + 90 * 3),

@@ -118,6 +118,7 @@ class StreamActor:
     stall: float = 0.0  # work-seconds of prefill before decoding goes on
     _seq: int = 0
     _same_step: bool = False  # requests started since the last advance: one engine step
+    _prefilling: set = field(default_factory=set)  # seqs whose prefill (the stall) is not done
     _offset_sum: float = 0.0  # sum of the running requests' contexts at step 0
     _widest: list = field(default_factory=list)  # heap (-context at step 0, seq), lazily pruned
     _slots: int = 0  # kv_slots: slots in use, free ones among them (up to the last live one)
@@ -155,17 +156,21 @@ class StreamActor:
                                        for _, _, prompt, length, _, restarts, _
                                        in reversed(dropped))
             case "recompute":  # stopped, kept: the rest is queued, prefilled again, same version
-                # a request's prefill is taken to sample its first token; the re-prefill of
-                # prompt + partial response is charged one decode step more than what is left
+                # a prefill samples a token: the re-prefill of prompt + partial response the
+                # first of what is left (actors/scheduler.py re-submits it as a request)
                 self.holding = True
                 stopped = sorted(self.running, key=lambda r: r[1])
+                prefilling = set(self._prefilling)
                 self._run([])
                 queue = []
-                for end, _, prompt, _, version, _, offset in stopped:
+                for end, seq, prompt, _, version, _, offset in stopped:
                     left = max(1, math.ceil(end - self.steps - 1e-9))
                     # its answer so far: its context now, less its prompt
                     has = max(0.0, offset + self.steps - self._prompt_tokens(prompt))
-                    queue.append((prompt, 1 + left, 0, version, has))
+                    if seq in prefilling:  # its prefill not done: nothing sampled yet
+                        queue.append((prompt, 1 + left, 0, version if has else None, has))
+                    else:
+                        queue.append((prompt, left, 0, version, has))
                 self.queued.extendleft(reversed(queue))
             case "continue":
                 pass
@@ -221,6 +226,8 @@ class StreamActor:
             self._same_step = False
         burn = min(self.stall, work)
         self.stall -= burn
+        if self.stall <= 1e-15:
+            self._prefilling.clear()
         work -= burn
         if self.running:
             first, growth = self._step_cost()
@@ -267,6 +274,7 @@ class StreamActor:
         self._widest = [(-r[6], r[1]) for r in requests]
         heapq.heapify(self._widest)
         self.stall = 0.0
+        self._prefilling.clear()
         self._compact()
 
     def _prompt_tokens(self, prompt: _Prompt) -> float:
@@ -312,6 +320,7 @@ class StreamActor:
                                           length, self.version if version is None else version,
                                           restarts, offset))
             self._take_slot(self._seq)
+            self._prefilling.add(self._seq)
             self._offset_sum += offset
             if self.cost.kv_slots:
                 heapq.heappush(self._widest, (-offset, self._seq))
@@ -325,3 +334,5 @@ class StreamActor:
             self.stall += self.cost.prefill(started, width) - (self.cost.prefill_s
                                                               if self._same_step else 0.0)
             self._same_step = True
+            if self.stall <= 1e-15:  # a free prefill: their first tokens are sampled
+                self._prefilling.clear()
