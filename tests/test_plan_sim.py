@@ -355,6 +355,18 @@ def test_a_sample_stopped_by_recompute_takes_one_decode_step_less_its_re_prefill
         assert actor.steps == pytest.approx(199), stop_after
 
 
+def test_a_sample_stopped_before_its_prefill_is_done_goes_back_whole():
+    cost = DecodeCost(step_s=1.0, prefill_row_s=1.0)
+    actor = StreamActor(cost)
+    actor.add([LONG])
+    actor.advance(0.5, 1.0)  # half its prefill: no token sampled
+    actor.sync("recompute")
+    actor.release(1)
+    run_to_end(actor)
+    assert actor.steps == pytest.approx(200)  # all 201 tokens still to sample: prefill + 200
+    assert actor.busy_s == pytest.approx(0.5 + 1 + 200)
+
+
 @pytest.mark.parametrize("short_first, slot_steps", [(True, 10 * 3 + 90 * 3),
                                                      (False, 10 * 3 + 90 * 2)])
 def test_the_hf_engines_free_slot_is_computed_on_unless_it_is_the_last(short_first, slot_steps):
