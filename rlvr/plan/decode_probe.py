@@ -100,7 +100,7 @@ def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
     # vLLM keeps the prompt blocks of earlier batches: the same prompts would be prefilled from
     # its cache (the HF engine has none)
     forget_prefixes = getattr(engine, "drop_prefix_cache", lambda: None)
-    pads = cfg.actors.engine == "hf"  # rows padded to the longest; vLLM packs them unpadded
+    hf = cfg.actors.engine == "hf"  # rows padded to the longest, in KV slots; vLLM packs them
 
     def batch(rows: int, lengthen: int, new_tokens: int) -> tuple[float, float, int, list]:
         nonlocal rid
@@ -113,7 +113,7 @@ def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
             engine.add(rid, p, new_tokens, r.temperature, 1.0)
             rid += 1
         width = sum(map(len, chosen)) / rows  # mean context of a row
-        padded = max(map(len, chosen)) if pads else width  # what the prefill computed per row
+        padded = max(map(len, chosen)) if hf else width  # what the prefill computed per row
         # the prefill lasts until every row has its first token: vLLM prefills a budget of
         # tokens a step (max_num_batched_tokens, chunked), the HF engine all rows in one
         t0, ended, prefill_steps = time.perf_counter(), 0, 0
@@ -154,7 +154,7 @@ def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
            "prompt_tokens": float(np.mean([len(p) for p in prompts])),
            "prompt_width": float(max(len(p) for p in prompts)),
            "max_batch": top, "engine": cfg.actors.engine,
-           "kv_slots": cfg.actors.engine == "hf",
+           "kv_slots": hf,
            # prompt tokens vLLM took from its prefix cache (rows of one batch sharing a prompt
            # or its template's first blocks): prefills timed cheaper than from nothing
            "prompt_tokens_cached": getattr(engine, "prompt_tokens_cached", 0)}

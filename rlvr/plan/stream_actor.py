@@ -118,7 +118,7 @@ class StreamActor:
     stall: float = 0.0  # work-seconds of prefill before decoding goes on
     _seq: int = 0
     _same_step: bool = False  # requests started since the last advance: one engine step
-    _prefilling: set = field(default_factory=set)  # seqs whose prefill (the stall) is not done
+    _unpaid_from: int = 0  # while a stall is left: the first seq of the prefill it pays for
     _offset_sum: float = 0.0  # sum of the running requests' contexts at step 0
     _widest: list = field(default_factory=list)  # heap (-context at step 0, seq), lazily pruned
     _slots: int = 0  # kv_slots: slots in use, free ones among them (up to the last live one)
@@ -160,14 +160,14 @@ class StreamActor:
                 # first of what is left (actors/scheduler.py re-submits it as a request)
                 self.holding = True
                 stopped = sorted(self.running, key=lambda r: r[1])
-                prefilling = set(self._prefilling)
+                unpaid_from = self._unpaid_from if self.stall > 1e-15 else math.inf
                 self._run([])
                 queue = []
                 for end, seq, prompt, _, version, _, offset in stopped:
                     left = max(1, math.ceil(end - self.steps - 1e-9))
                     # its answer so far: its context now, less its prompt
                     has = max(0.0, offset + self.steps - self._prompt_tokens(prompt))
-                    if seq in prefilling:  # its prefill not done: nothing sampled yet
+                    if seq >= unpaid_from:  # its prefill not done: nothing sampled yet
                         queue.append((prompt, 1 + left, 0, version if has else None, has))
                     else:
                         queue.append((prompt, left, 0, version, has))
@@ -226,8 +226,6 @@ class StreamActor:
             self._same_step = False
         burn = min(self.stall, work)
         self.stall -= burn
-        if self.stall <= 1e-15:
-            self._prefilling.clear()
         work -= burn
         if self.running:
             first, growth = self._step_cost()
@@ -274,7 +272,6 @@ class StreamActor:
         self._widest = [(-r[6], r[1]) for r in requests]
         heapq.heapify(self._widest)
         self.stall = 0.0
-        self._prefilling.clear()
         self._compact()
 
     def _prompt_tokens(self, prompt: _Prompt) -> float:
@@ -310,6 +307,8 @@ class StreamActor:
     def _start(self) -> None:
         """Requests waiting start while there is room (not while a sync holds them)."""
         started, widest, total = 0, 0.0, 0.0
+        if self.stall <= 1e-15:  # a new prefill: the earlier ones are paid
+            self._unpaid_from = self._seq + 1
         while self.queued and not self.holding and len(self.running) < self.cost.max_batch:
             prompt, length, restarts, version, has = self.queued.popleft()
             self._seq += 1
@@ -320,13 +319,12 @@ class StreamActor:
                                           length, self.version if version is None else version,
                                           restarts, offset))
             self._take_slot(self._seq)
-            self._prefilling.add(self._seq)
             self._offset_sum += offset
             if self.cost.kv_slots:
                 heapq.heappush(self._widest, (-offset, self._seq))
             started += 1
-            width = (prompt.plan.prompt or (self.cost.prompt_width if self.cost.kv_slots
-                                            else self.cost.prompt_tokens)) + has
+            width = has + ((prompt.plan.prompt or self.cost.prompt_width) if self.cost.kv_slots
+                           else self._prompt_tokens(prompt))
             widest, total = max(widest, width), total + width
         if started:  # requests added at one moment start in one engine step
             # the HF engine pads them to the longest, vLLM packs them
@@ -334,5 +332,3 @@ class StreamActor:
             self.stall += self.cost.prefill(started, width) - (self.cost.prefill_s
                                                               if self._same_step else 0.0)
             self._same_step = True
-            if self.stall <= 1e-15:  # a free prefill: their first tokens are sampled
-                self._prefilling.clear()
