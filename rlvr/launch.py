@@ -8,12 +8,14 @@ folder; the processes read only that file.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import random
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,8 +33,43 @@ def ephemeral_ports() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
+PORT_LEASE_S = 600.0  # longer than a loaded machine takes from launch to the learner's listen
+
+
+def port_leases() -> Path:
+    return Path(tempfile.gettempdir()) / f"rlvr-port-leases-{os.getuid()}"
+
+
+def lease(port: int, now: float | None = None) -> bool:
+    """Claim `port` on this machine for PORT_LEASE_S; False if another choice holds it. A bind
+    check sees only ports already listened on: a CI run's learner could not listen on its ZeroMQ
+    port (EADDRINUSE) because, between the launcher's choice and the learner's listen, the port
+    was chosen and taken by a run beside it (or by the same run's second free_port). The leases
+    are one file, rewritten under an exclusive lock; expired and unreadable lines are dropped."""
+    now = time.time() if now is None else now
+    with open(port_leases(), "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        f.seek(0)
+        held = {}
+        for line in f.read().splitlines():
+            try:
+                p, until = line.split()
+                held[int(p)] = float(until)
+            except ValueError:
+                continue  # a line cut short: the lease it named is lost, not the file
+        held = {p: until for p, until in held.items() if until > now}
+        if port in held:
+            return False
+        held[port] = now + PORT_LEASE_S
+        f.seek(0)
+        f.truncate()
+        f.write("".join(f"{p} {until}\n" for p, until in held.items()))
+        return True
+
+
 def free_port() -> int:
-    """A free port below the ephemeral range. A port the kernel hands out (bind to 0) can be
+    """A free port below the ephemeral range, leased (see `lease`) so that no other free_port
+    on this machine returns it for PORT_LEASE_S. A port the kernel hands out (bind to 0) can be
     taken, between this choice and the learner's listen, as the local end of an outgoing
     connection: a CI run lost its weight store that way (EADDRINUSE) once the actor had
     connected over ZeroMQ. Outgoing connections never take ports outside the ephemeral range."""
@@ -40,6 +77,8 @@ def free_port() -> int:
     rng = random.Random()
     for _ in range(200):
         port = rng.randrange(10_000, max(lo, 10_001))
+        if not lease(port):
+            continue  # chosen lately by another launch: it may not be listening yet
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
