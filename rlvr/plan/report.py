@@ -10,7 +10,9 @@ and R learner ranks, each on a device of its own, the generation model fitted to
 (rlvr/plan/model.py) and the engine's measured decode costs (rlvr/plan/decode_probe.py, run
 once on this machine: plan where the actors' engine runs); the table gives steps/min (mean over
 seeds), the learner's and the actors' busy fractions, the weight-sync seconds per step and the
-staleness reached. Beside it, max(G / A, T) is the overlap bound most back-of-envelope plans use
+staleness reached, per trained group: the learner's version less that of the group's first token
+(metrics.jsonl's stale/mean is another measure: per token, by the version that sampled it, so
+long answers weigh more). Beside it, max(G / A, T) is the overlap bound most back-of-envelope plans use
 (G = a step's generation on one actor, T = the learner's own work); the simulation is below it
 by what the schedule costs (admission, stages, waits at weight syncs), and can exceed it when
 actors batch more requests at once than the measured run did. For each GPU budget in the table
