@@ -75,6 +75,23 @@ def test_starting_requests_costs_their_prefill_once():
     assert r.gather_s_per_step == pytest.approx(0.002 + 32 * 0.001)
 
 
+@given(costs=st.lists(st.floats(0.0, 1.0), min_size=7, max_size=7), k=st.floats(0.01, 10.0),
+       rows=st.integers(1, 512), width=st.floats(0.0, 400.0))
+def test_a_scaled_engine_costs_k_times_as_much_for_every_step_and_keeps_its_shape(costs, k, rows,
+                                                                                  width):
+    """The planner's calibration scales a probe measured on a busier machine: every cost term of
+    a decode step and of a prefill, none left at its measured value."""
+    step_s, row_s, col_s, prefill_s, prefill_row_s, prefill_col_s, prefill_sq_s = costs
+    cost = DecodeCost(step_s, row_s, prefill_s, prefill_row_s, max_batch=64, col_s=col_s,
+                      prefill_col_s=prefill_col_s, prefill_sq_s=prefill_sq_s, prompt_tokens=17.0,
+                      prompt_width=52.0, kv_slots=True)
+    scaled = cost.scaled(k)
+    assert scaled.decode(rows, rows * width) == pytest.approx(k * cost.decode(rows, rows * width))
+    assert scaled.prefill(rows, width) == pytest.approx(k * cost.prefill(rows, width))
+    assert (scaled.max_batch, scaled.prompt_tokens, scaled.prompt_width, scaled.kv_slots) == \
+        (64, 17.0, 52.0, True)
+
+
 def test_a_larger_bound_batches_more_requests_and_goes_faster():
     """What the item-by-item model missed: with a decode step's cost mostly fixed, admitting
     more prompts at once makes each sample cheaper, so the pace keeps rising with the bound."""

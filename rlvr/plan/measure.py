@@ -226,13 +226,6 @@ def calibrate(split: Split, work: Workload, learner: LearnerCosts, generation: G
     def plus(extra: float) -> DecodeCost:
         return replace(decode, step_s=decode.step_s + extra)
 
-    def times(k: float) -> DecodeCost:
-        return replace(decode, step_s=k * decode.step_s, row_s=k * decode.row_s,
-                       col_s=k * decode.col_s, prefill_s=k * decode.prefill_s,
-                       prefill_row_s=k * decode.prefill_row_s,
-                       prefill_col_s=k * decode.prefill_col_s,
-                       prefill_sq_s=k * decode.prefill_sq_s)
-
     if wait(decode) <= measured_wait_s:
         lo, hi = 0.0, max(decode.step_s, 1e-4)
         while wait(plus(hi)) < measured_wait_s:
@@ -242,7 +235,7 @@ def calibrate(split: Split, work: Workload, learner: LearnerCosts, generation: G
                                  f"{measured_wait_s} s")
         make = plus
     else:
-        lo, hi, make = 0.0, 1.0, times
+        lo, hi, make = 0.0, 1.0, decode.scaled
     for _ in range(30):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if wait(make(mid)) < measured_wait_s else (lo, mid)

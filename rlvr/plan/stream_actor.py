@@ -38,7 +38,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,11 @@ class DecodeCost:
 
     def decode(self, rows: int, columns: float = 0.0) -> float:
         return self.step_s + self.row_s * rows + self.col_s * columns
+
+    def scaled(self, k: float) -> DecodeCost:
+        """Every cost times `k` (the fields in seconds: named *_s); the shape fields kept."""
+        return replace(self, **{f.name: k * getattr(self, f.name) for f in fields(self)
+                                if f.name.endswith("_s")})
 
     def prefill(self, rows: int, width: float = 0.0) -> float:
         """`rows` started in one step, padded to `width` tokens (the longest among them)."""
