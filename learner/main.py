@@ -60,8 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGUSR1, lambda *_: notices.append(1))
     from learner.engine import leave_distributed
     from learner.trainer import Learner, Preempted  # heavy imports after argument errors
+    from protocol.transport import CannotListen
 
-    learner = Learner(cfg, args.run_dir, args.resume)
+    try:
+        learner = Learner(cfg, args.run_dir, args.resume)
+    except CannotListen as e:  # the user's to fix: one line naming the key, not a traceback
+        logging.getLogger("learner").error(
+            "net.zmq_port: %s (another process holds it: choose another port, or 0 for a free "
+            "one)" if e.in_use else "net.bind_host: %s (not an address of this machine)", e)
+        leave_distributed()
+        return 1
     signal.signal(signal.SIGUSR1, lambda *_: learner.request_preemption())
     if notices:
         learner.request_preemption()

@@ -62,6 +62,11 @@ class Learner:
         self._checkpointed_step: int | None = None
         init_learner_distributed(cfg, rank=0, world_size=cfg.learner.ranks)
         self.tokenizer = load_tokenizer(cfg.model.path)
+        # first: a port it cannot listen on stops the run before the engine and the verifier
+        # start (CannotListen, one line at learner.main)
+        self.endpoint = LearnerEndpoint(cfg.net.bind_host, cfg.net.zmq_port,
+                                        curve_dir=cfg.net.curve_dir or None,
+                                        vocab_size=len(self.tokenizer))
         self.engine = build_engine(cfg, cfg.model.path)
         self.reference = build_reference(cfg)  # KL: the initial weights, also after a resume
         self.followers = PlanChannel()  # learner ranks 1..R-1 (none with one rank)
@@ -96,9 +101,6 @@ class Learner:
         self.prompts.restore_solutions(solutions)
         self.eval_problems = held_out(cfg)
         self.verifier = Verifier(cfg.actors.verifier_timeout_s, reward=cfg.task.reward)
-        self.endpoint = LearnerEndpoint(cfg.net.bind_host, cfg.net.zmq_port,
-                                        curve_dir=cfg.net.curve_dir or None,
-                                        vocab_size=len(self.tokenizer))
         # groups admitted per policy version: one step's prompts, or DAPO's generation batch
         G = self.gen_batch = generation_batch(cfg)
         self.coord = Coordinator(self.endpoint,

@@ -57,6 +57,15 @@ class PeerGone(TransportError):
     """The peer's connection is closed: ZeroMQ has no route to it any more."""
 
 
+class CannotListen(RuntimeError):
+    """The learner's address cannot be listened on: `in_use` when another process holds the
+    port, else the host is not this machine's. The message names the address and the reason."""
+
+    def __init__(self, message: str, in_use: bool):
+        super().__init__(message)
+        self.in_use = in_use
+
+
 class _Endpoint:
     """Shared socket plumbing: one context and one socket per endpoint (no global state)."""
 
@@ -149,10 +158,12 @@ class LearnerEndpoint(_Endpoint):
         try:
             if keys is not None:
                 self._serve_curve(keys)  # before bind: no plaintext handshake can slip in
-            if port == 0:
-                self._sock.bind(f"tcp://{bind_host}:*")
-            else:
-                self._sock.bind(f"tcp://{bind_host}:{port}")
+            address = f"tcp://{bind_host}:{port or '*'}"
+            try:
+                self._sock.bind(address)
+            except zmq.ZMQError as e:
+                raise CannotListen(f"cannot listen on {address}: {zmq.strerror(e.errno)}",
+                                   in_use=e.errno == zmq.EADDRINUSE) from None
         except BaseException:
             self.close()
             raise

@@ -376,7 +376,10 @@ class Verifier:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--serve"]:
-        _serve(float(sys.argv[2]), sys.argv[3], sys.argv[4])
+        try:
+            _serve(float(sys.argv[2]), sys.argv[3], sys.argv[4])
+        except BrokenPipeError:  # the parent is gone (it exited or was killed): nobody to answer
+            os._exit(0)
     else:
         logging.basicConfig(level=logging.INFO)
         with Verifier() as verifier:

@@ -353,3 +353,22 @@ def test_a_terminated_train_stops_its_learner_actors_and_verifiers(tmp_path, tin
     for pid in left:  # and keep them from holding the output pipe open, or the cores
         os.kill(pid, signal.SIGKILL)
     assert not left, f"{len(left)} of the run's {len(started)} processes outlived it"
+
+
+def test_a_learner_whose_port_is_taken_stops_the_run_with_one_line_naming_the_key(
+        tmp_path, tiny_model):
+    """Another process listens on net.zmq_port: the run stops, every process with it, and says
+    which key to change in one line instead of a ZeroMQ traceback."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        run = tmp_path / "runs" / "taken"
+        done = run_rlvr(*quick_run_args(run, tiny_model, f"net.zmq_port={port}"), timeout_s=180)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[-3000:]
+    assert (f"ERROR net.zmq_port: cannot listen on tcp://127.0.0.1:{port}: Address already in "
+            "use (another process holds it") in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]

@@ -21,7 +21,7 @@ from protocol.messages import (
     Shutdown,
     Work,
 )
-from protocol.transport import ActorEndpoint, LearnerEndpoint, TransportError
+from protocol.transport import ActorEndpoint, CannotListen, LearnerEndpoint, TransportError
 from tests.calibration import record
 
 V = PROTOCOL_VERSION
@@ -93,6 +93,15 @@ def test_learner_and_actor_in_two_processes_round_trip_hello_work_group(learner)
 def test_port_zero_binds_a_free_loopback_port(learner):
     assert learner.port > 0
     assert learner.address == f"tcp://127.0.0.1:{learner.port}"
+
+
+def test_a_taken_port_is_refused_with_its_address_and_the_reason(learner):
+    with pytest.raises(CannotListen) as refused:
+        LearnerEndpoint(port=learner.port)
+    assert refused.value.in_use
+    assert str(refused.value) == (f"cannot listen on tcp://127.0.0.1:{learner.port}: "
+                                  "Address already in use")
+    assert learner.recv(timeout_s=0.1) is None  # the endpoint that held it is untouched
 
 
 def test_recv_returns_none_after_its_timeout(learner):
