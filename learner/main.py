@@ -65,9 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         learner = Learner(cfg, args.run_dir, args.resume)
     except CannotListen as e:  # the user's to fix: one line naming the key, not a traceback
-        logging.getLogger("learner").error(
-            "net.zmq_port: %s (another process holds it: choose another port, or 0 for a free "
-            "one)" if e.in_use else "net.bind_host: %s (not an address of this machine)", e)
+        if e.in_use:
+            why = ("net.zmq_port: %s (another process holds it: choose another port, or 0 for a "
+                   "free one)")
+        elif e.port_refused:
+            why = "net.zmq_port: %s (choose another port, or 0 for a free one)"
+        else:
+            why = "net.bind_host: %s (not an address of this machine)"
+        logging.getLogger("learner").error(why, e)
         leave_distributed()
         return 1
     signal.signal(signal.SIGUSR1, lambda *_: learner.request_preemption())

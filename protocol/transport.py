@@ -58,12 +58,22 @@ class PeerGone(TransportError):
 
 
 class CannotListen(RuntimeError):
-    """The learner's address cannot be listened on: `in_use` when another process holds the
-    port, else the host is not this machine's. The message names the address and the reason."""
+    """The learner's address cannot be listened on; `errno` is ZeroMQ's reason (EADDRINUSE:
+    another process holds the port, EACCES: the port needs privileges, else the host is not
+    this machine's). The message names the address and the reason."""
 
-    def __init__(self, message: str, in_use: bool):
+    def __init__(self, message: str, errno: int):
         super().__init__(message)
-        self.in_use = in_use
+        self.errno = errno
+
+    @property
+    def in_use(self) -> bool:
+        return self.errno == zmq.EADDRINUSE
+
+    @property
+    def port_refused(self) -> bool:
+        """The port is the problem (taken, or privileged), not the host."""
+        return self.errno in (zmq.EADDRINUSE, zmq.EACCES)
 
 
 class _Endpoint:
@@ -163,7 +173,7 @@ class LearnerEndpoint(_Endpoint):
                 self._sock.bind(address)
             except zmq.ZMQError as e:
                 raise CannotListen(f"cannot listen on {address}: {zmq.strerror(e.errno)}",
-                                   in_use=e.errno == zmq.EADDRINUSE) from None
+                                   e.errno) from None
         except BaseException:
             self.close()
             raise
