@@ -190,3 +190,16 @@ def assert_on_policy(rows: list[dict]) -> None:
     for r in trained:  # each token's weight, not only their mean (off-policy, it is near 1 too)
         assert abs(r["is/w_mean"] - 1.0) < 1e-3, (r["step"], r["is/w_mean"])
         assert r["is/w_absdev"] < 1e-3, (r["step"], r["is/w_absdev"])
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The CPU and torch's kernel path, last, where a CI log's tail shows them: learning tests
+    start from warm starts that differ by kernel path, so a failed bound is read beside them."""
+    import torch
+
+    model = next((line.split(":", 1)[1].strip() for line in
+                  Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "unknown") \
+        if Path("/proc/cpuinfo").exists() else "unknown"
+    terminalreporter.write_line(f"machine: {model}, {os.cpu_count()} cores, torch CPU kernels "
+                                f"{torch.backends.cpu.get_cpu_capability()}")
