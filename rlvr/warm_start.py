@@ -49,10 +49,12 @@ def warm_start_key(cfg: Config) -> str:
         t = cfg.task
         shaping["on_task"] = [hashlib.sha256(Path(t.train_path).read_bytes()).hexdigest(),
                               t.prompt_field, t.answer_field, t.solution_field]
-    # torch's CPU kernels differ by instruction set, and 1,200 steps of training amplify their
-    # rounding into a different model: the demo's built with AVX-512 starts at eval/avg@8 0.343,
-    # with AVX2 (ATEN_CPU_CAPABILITY=avx2, or a machine without AVX-512) at 0.295. A cache is
-    # what this machine would build, never a model another kernel path trained
+    # torch's CPU kernels differ by instruction set, and training amplifies their rounding into
+    # a different model: the demo's 1,200-step one built with AVX-512 started at eval/avg@8
+    # 0.343, with AVX2 (ATEN_CPU_CAPABILITY=avx2, or a machine without AVX-512) at 0.295. A cache
+    # is what this machine would build, never a model another kernel path trained. Two AVX-512
+    # machines can differ too (0.343 on one, 0.231 on another with AMX): the key cannot tell
+    # them apart, so a cache is not meant to travel between machines
     kernels = torch.backends.cpu.get_cpu_capability()
     if kernels != "AVX512":  # caches built on AVX-512 machines keep their keys
         shaping["cpu_kernels"] = kernels

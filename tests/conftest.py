@@ -37,7 +37,7 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 # The full warm starts two configs ship with, in the project's cache (shared with `make demo` and
-# `rlvr train`): the demo's (configs/tiny-cpu.yaml, 1,200 supervised steps, 2.5 min of CPU) and
+# `rlvr train`): the demo's (configs/tiny-cpu.yaml, 2,000 supervised steps, 5.3 min of one core) and
 # the code task's (configs/tiny-cpu-code.yaml, 800 steps of longer rows, 5.6 min of one AVX-512
 # core). When a collected test needs one, it is built in a background process from the start of
 # the session, one after the other in this order, on one thread, ahead of the suite's own

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 def run(tmp_path, slurm_cluster, tiny_model):
     """Submit a run whose processes are the probe; returns (submit(**kw) -> job id, run dir).
     The model is the session's warm start: without model.path, submit would warm-start the
-    default tiny model on the submit host (1,200 steps, 4 minutes of the suite) for a probe."""
+    default tiny model on the submit host (2,000 steps, 5 minutes of the suite) for a probe."""
     config = tmp_path / "cfg.yaml"
     config.write_text(f"run:\n  name: probe\n  steps: 3\nmodel:\n  path: {tiny_model}\n")
     run_dir = tmp_path / "run"
