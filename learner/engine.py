@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from protocol.config import Config
+from protocol.weights import listen_refusal
 
 
 def init_learner_distributed(cfg: Config, rank: int, world_size: int) -> None:
@@ -26,7 +27,15 @@ def init_learner_distributed(cfg: Config, rank: int, world_size: int) -> None:
     # 30 s to 2 min on a fresh machine); gloo alone is fast enough for these sizes.
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     backend = "nccl" if cfg.model.device.startswith("cuda") else "gloo"
-    deepspeed.init_distributed(dist_backend=backend)
+    try:
+        deepspeed.init_distributed(dist_backend=backend)
+    except torch.distributed.DistNetworkError as e:
+        # rank 0 listens for the others at MASTER_ADDR:MASTER_PORT (net.master_port)
+        refusal = listen_refusal(e, os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                 "net.master_port", "MASTER_ADDR") if rank == 0 else None
+        if refusal is not None:
+            raise refusal from None
+        raise
 
 
 def leave_distributed() -> None:

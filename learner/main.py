@@ -65,14 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         learner = Learner(cfg, args.run_dir, args.resume)
     except CannotListen as e:  # the user's to fix: one line naming the key, not a traceback
-        if e.in_use:
-            why = ("net.zmq_port: %s (another process holds it: choose another port, or 0 for a "
-                   "free one)")
-        elif e.port_refused:
-            why = "net.zmq_port: %s (choose another port, or 0 for a free one)"
-        else:
-            why = "net.bind_host: %s (not an address of this machine)"
-        logging.getLogger("learner").error(why, e)
+        logging.getLogger("learner").error("%s", e.advice())
         leave_distributed()
         return 1
     signal.signal(signal.SIGUSR1, lambda *_: learner.request_preemption())

@@ -329,7 +329,9 @@ class NetConfig:
     bind_host: str = "127.0.0.1"
     """Address the learner binds its ZeroMQ socket to (loopback by default)."""
     zmq_port: int = 0
-    """Learner's ZeroMQ port; 0 = pick a free one at launch."""
+    """Learner's ZeroMQ port; 0 = pick a free one at launch. A port the learner cannot listen
+    on (another process holds it) stops the run with one line naming the key; so do
+    weights_port and master_port."""
     weights_port: int = 0
     """Weight-sync rendezvous (TCPStore) port; 0 = pick a free one at launch."""
     master_port: int = 0

@@ -35,6 +35,7 @@ import collections
 import ipaddress
 import logging
 import time
+from errno import EACCES, EADDRINUSE
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -58,22 +59,35 @@ class PeerGone(TransportError):
 
 
 class CannotListen(RuntimeError):
-    """The learner's address cannot be listened on; `errno` is ZeroMQ's reason (EADDRINUSE:
-    another process holds the port, EACCES: the port needs privileges, else the host is not
-    this machine's). The message names the address and the reason."""
+    """One of the learner's ports cannot be listened on. `errno` is the system's reason
+    (EADDRINUSE: another process holds the port, EACCES: the port needs privileges, else the
+    host is not this machine's); `port_key` and `host_key` are the settings that chose the port
+    and the host, so `advice()` can say which one to change. The message names the address."""
 
-    def __init__(self, message: str, errno: int):
+    def __init__(self, message: str, errno: int, port_key: str = "net.zmq_port",
+                 host_key: str = "net.bind_host"):
         super().__init__(message)
         self.errno = errno
+        self.port_key = port_key
+        self.host_key = host_key
 
     @property
     def in_use(self) -> bool:
-        return self.errno == zmq.EADDRINUSE
+        return self.errno == EADDRINUSE
 
     @property
     def port_refused(self) -> bool:
         """The port is the problem (taken, or privileged), not the host."""
-        return self.errno in (zmq.EADDRINUSE, zmq.EACCES)
+        return self.errno in (EADDRINUSE, EACCES)
+
+    def advice(self) -> str:
+        """One line for the user: the key to change, the address, the reason, what to do."""
+        if self.in_use:
+            return (f"{self.port_key}: {self} (another process holds it: choose another port, "
+                    "or 0 for a free one)")
+        if self.port_refused:
+            return f"{self.port_key}: {self} (choose another port, or 0 for a free one)"
+        return f"{self.host_key}: {self} (not an address of this machine)"
 
 
 class _Endpoint:

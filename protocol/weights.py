@@ -38,6 +38,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
+import os
+import re
 import socket
 import time
 import zlib
@@ -46,6 +49,8 @@ from typing import ContextManager
 
 import torch
 from torch.distributed import PrefixStore, TCPStore
+
+from protocol.transport import CannotListen
 
 BUCKET_BYTES = 64 * 1024 * 1024
 
@@ -199,12 +204,28 @@ class WeightGroup:
 
 def host_store(host: str, port: int, timeout_s: float) -> TCPStore:
     """Rank 0's rendezvous store for the whole run: any number of ranks, of any epoch, may
-    connect to it later (a restarted actor included)."""
+    connect to it later (a restarted actor included). A port or host it cannot listen on raises
+    `CannotListen` naming net.weights_port or net.learner_host."""
     try:
         return TCPStore(host, port, None, True, datetime.timedelta(seconds=timeout_s),
                         wait_for_workers=False)
     except Exception as e:  # noqa: BLE001 - c10d raises RuntimeError subclasses
+        refusal = listen_refusal(e, host, port, "net.weights_port", "net.learner_host")
+        if refusal is not None:
+            raise refusal from None
         raise WeightSyncError(f"weight store on {host}:{port}: cannot listen: {e}") from e
+
+
+def listen_refusal(error: Exception, host: str, port: int, port_key: str, host_key: str
+                   ) -> CannotListen | None:
+    """c10d's failure to listen as `CannotListen`, when its message names the system's reason
+    (torch's DistNetworkError says "code: -98, name: EADDRINUSE"); None for any other failure."""
+    found = re.search(r"name: (E[A-Z]+)", str(error))
+    code = getattr(errno, found.group(1), None) if found else None
+    if not isinstance(code, int):
+        return None
+    return CannotListen(f"cannot listen on {host}:{port}: {os.strerror(code)}", code, port_key,
+                        host_key)
 
 
 def connect_store(host: str, port: int, timeout_s: float) -> TCPStore:

@@ -18,7 +18,7 @@ from rlvr.cli import main as rlvr
 from protocol.codec import encode
 from protocol.keys import KEY_FILES, ActorKeys, KeysError, LearnerKeys, load_keys, make_keys
 from protocol.messages import PROTOCOL_VERSION, Hello, RolloutSpec, Shutdown, Work
-from protocol.transport import ActorEndpoint, LearnerEndpoint, is_loopback
+from protocol.transport import ActorEndpoint, CannotListen, LearnerEndpoint, is_loopback
 
 V = PROTOCOL_VERSION
 
@@ -236,3 +236,12 @@ def test_rlvr_keys_writes_four_certificates_and_refuses_to_overwrite(tmp_path, c
 
     assert rlvr(["keys", str(d), "--force"]) == 0
     assert (d / "learner.key_secret").read_text() != before
+
+
+def test_a_host_that_is_not_this_machines_is_refused_naming_net_bind_host(keys):
+    # 192.0.2.1 is TEST-NET-1 (RFC 5737): documentation only, never a machine's own address
+    with pytest.raises(CannotListen) as refused:
+        LearnerEndpoint("192.0.2.1", 0, curve_dir=keys)
+    assert not refused.value.port_refused
+    assert refused.value.advice() == ("net.bind_host: cannot listen on tcp://192.0.2.1:*: Cannot "
+                                      "assign requested address (not an address of this machine)")

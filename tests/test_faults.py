@@ -355,10 +355,14 @@ def test_a_terminated_train_stops_its_learner_actors_and_verifiers(tmp_path, tin
     assert not left, f"{len(left)} of the run's {len(started)} processes outlived it"
 
 
+@pytest.mark.parametrize("key, address", [("net.zmq_port", "tcp://127.0.0.1:{port}"),
+                                          ("net.weights_port", "127.0.0.1:{port}"),
+                                          ("net.master_port", "127.0.0.1:{port}")])
 def test_a_learner_whose_port_is_taken_stops_the_run_with_one_line_naming_the_key(
-        tmp_path, tiny_model):
-    """Another process listens on net.zmq_port: the run stops, every process with it, and says
-    which key to change in one line instead of a ZeroMQ traceback."""
+        tmp_path, tiny_model, key, address):
+    """Another process listens on one of the learner's ports (ZeroMQ, the weight store, the
+    ranks' rendezvous): the run stops, every process with it, and says which key to change in
+    one line instead of a ZeroMQ or torch.distributed traceback."""
     import socket
 
     with socket.socket() as holder:
@@ -366,9 +370,10 @@ def test_a_learner_whose_port_is_taken_stops_the_run_with_one_line_naming_the_ke
         holder.listen()
         port = holder.getsockname()[1]
         run = tmp_path / "runs" / "taken"
-        done = run_rlvr(*quick_run_args(run, tiny_model, f"net.zmq_port={port}"), timeout_s=180)
+        done = run_rlvr(*quick_run_args(run, tiny_model, f"{key}={port}"), timeout_s=180)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-3000:]
-    assert (f"ERROR net.zmq_port: cannot listen on tcp://127.0.0.1:{port}: Address already in "
-            "use (another process holds it") in out, out[-3000:]
+    where = address.format(port=port)
+    assert (f"ERROR {key}: cannot listen on {where}: Address already in use (another process "
+            "holds it") in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]

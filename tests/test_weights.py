@@ -240,3 +240,20 @@ def test_a_sync_called_off_by_the_learner_is_refused_by_the_members():
     assert not sync_goes_ahead(member, 3, 7)
     assert sync_goes_ahead(member, 4, 7)
     assert not sync_goes_ahead(member, 4, 8)
+
+
+def test_a_taken_weights_port_is_refused_naming_the_key():
+    import socket
+
+    from protocol.transport import CannotListen
+
+    with socket.socket() as holder:
+        holder.bind((HOST, 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(CannotListen) as refused:
+            host_store(HOST, port, 5.0)
+    assert refused.value.in_use
+    assert refused.value.advice() == (
+        f"net.weights_port: cannot listen on {HOST}:{port}: Address already in use (another "
+        "process holds it: choose another port, or 0 for a free one)")
