@@ -31,8 +31,8 @@ def init_learner_distributed(cfg: Config, rank: int, world_size: int) -> None:
         deepspeed.init_distributed(dist_backend=backend)
     except torch.distributed.DistNetworkError as e:
         # rank 0 listens for the others at MASTER_ADDR:MASTER_PORT (net.master_port)
-        refusal = listen_refusal(e, os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                 "net.master_port", "MASTER_ADDR") if rank == 0 else None
+        refusal = listen_refusal(e, int(os.environ["MASTER_PORT"]),
+                                 "net.master_port") if rank == 0 else None
         if refusal is not None:
             raise refusal from None
         raise

@@ -63,10 +63,14 @@ class Learner:
         init_learner_distributed(cfg, rank=0, world_size=cfg.learner.ranks)
         self.tokenizer = load_tokenizer(cfg.model.path)
         # first: a port it cannot listen on stops the run before the engine and the verifier
-        # start (CannotListen, one line at learner.main)
+        # start (CannotListen, one line at learner.main; net.master_port's is checked above)
         self.endpoint = LearnerEndpoint(cfg.net.bind_host, cfg.net.zmq_port,
                                         curve_dir=cfg.net.curve_dir or None,
                                         vocab_size=len(self.tokenizer))
+        # the weight group's rendezvous store, hosted for the whole run (actors connect to it
+        # before they say hello; each membership change forms a new group over it)
+        self.weight_store = host_store(cfg.net.learner_host, cfg.net.weights_port,
+                                       cfg.weight_sync.timeout_s)
         self.engine = build_engine(cfg, cfg.model.path)
         self.reference = build_reference(cfg)  # KL: the initial weights, also after a resume
         self.followers = PlanChannel()  # learner ranks 1..R-1 (none with one rank)
@@ -116,10 +120,6 @@ class Learner:
         # under weight_sync.sync_every > 1 they sample up to sync_every - 1 versions behind
         self.actors_version = self.version
         self.engine_loads: dict = {}  # actor id -> its engine's newest counters (gen/engine_fill)
-        # the weight group's rendezvous store, hosted for the whole run (actors connect to it
-        # before they say hello; each membership change forms a new group over it)
-        self.weight_store = host_store(cfg.net.learner_host, cfg.net.weights_port,
-                                       cfg.weight_sync.timeout_s)
         self.weights: WeightGroup | None = None
         self.sync_waits: list[float] = []  # learner waits of the syncs since the last step logged
         self._no_actors_since: float | None = None

@@ -97,7 +97,7 @@ class WeightGroup:
                     connect_store(host, port, timeout_s)
             prefixed = PrefixStore(f"weights/{epoch}", store)
             pg = _make_process_group(backend, prefixed, rank, world_size, timeout)
-        except WeightSyncError:
+        except (WeightSyncError, CannotListen):
             raise
         except Exception as e:  # noqa: BLE001 - c10d raises several RuntimeError subclasses
             raise WeightSyncError(
@@ -204,28 +204,28 @@ class WeightGroup:
 
 def host_store(host: str, port: int, timeout_s: float) -> TCPStore:
     """Rank 0's rendezvous store for the whole run: any number of ranks, of any epoch, may
-    connect to it later (a restarted actor included). A port or host it cannot listen on raises
-    `CannotListen` naming net.weights_port or net.learner_host."""
+    connect to it later (a restarted actor included). It listens on every address of this
+    machine (c10d's server ignores `host`); a port taken or refused raises `CannotListen` naming
+    net.weights_port."""
     try:
         return TCPStore(host, port, None, True, datetime.timedelta(seconds=timeout_s),
                         wait_for_workers=False)
     except Exception as e:  # noqa: BLE001 - c10d raises RuntimeError subclasses
-        refusal = listen_refusal(e, host, port, "net.weights_port", "net.learner_host")
+        refusal = listen_refusal(e, port, "net.weights_port")
         if refusal is not None:
             raise refusal from None
         raise WeightSyncError(f"weight store on {host}:{port}: cannot listen: {e}") from e
 
 
-def listen_refusal(error: Exception, host: str, port: int, port_key: str, host_key: str
-                   ) -> CannotListen | None:
-    """c10d's failure to listen as `CannotListen`, when its message names the system's reason
-    (torch's DistNetworkError says "code: -98, name: EADDRINUSE"); None for any other failure."""
+def listen_refusal(error: Exception, port: int, port_key: str) -> CannotListen | None:
+    """c10d's failure to listen on `port` as `CannotListen` naming `port_key`, when its message
+    names a port's reason (torch's DistNetworkError: "code: -98, name: EADDRINUSE"); None for
+    any other failure. c10d's servers listen on every address, so the message names the port."""
     found = re.search(r"name: (E[A-Z]+)", str(error))
     code = getattr(errno, found.group(1), None) if found else None
-    if not isinstance(code, int):
+    if code not in (errno.EADDRINUSE, errno.EACCES):
         return None
-    return CannotListen(f"cannot listen on {host}:{port}: {os.strerror(code)}", code, port_key,
-                        host_key)
+    return CannotListen(f"cannot listen on port {port}: {os.strerror(code)}", code, port_key)
 
 
 def connect_store(host: str, port: int, timeout_s: float) -> TCPStore:

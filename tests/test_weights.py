@@ -255,5 +255,5 @@ def test_a_taken_weights_port_is_refused_naming_the_key():
             host_store(HOST, port, 5.0)
     assert refused.value.in_use
     assert refused.value.advice() == (
-        f"net.weights_port: cannot listen on {HOST}:{port}: Address already in use (another "
+        f"net.weights_port: cannot listen on port {port}: Address already in use (another "
         "process holds it: choose another port, or 0 for a free one)")
