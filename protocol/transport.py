@@ -58,6 +58,9 @@ class PeerGone(TransportError):
     """The peer's connection is closed: ZeroMQ has no route to it any more."""
 
 
+PORT_REASONS = (EADDRINUSE, EACCES)  # a port taken, or one that needs privileges
+
+
 class CannotListen(RuntimeError):
     """One of the learner's ports cannot be listened on. `errno` is the system's reason
     (EADDRINUSE: another process holds the port, EACCES: the port needs privileges, else the
@@ -78,7 +81,7 @@ class CannotListen(RuntimeError):
     @property
     def port_refused(self) -> bool:
         """The port is the problem (taken, or privileged), not the host."""
-        return self.errno in (EADDRINUSE, EACCES)
+        return self.errno in PORT_REASONS
 
     def advice(self) -> str:
         """One line for the user: the key to change, the address, the reason, what to do."""

@@ -50,7 +50,7 @@ from typing import ContextManager
 import torch
 from torch.distributed import PrefixStore, TCPStore
 
-from protocol.transport import CannotListen
+from protocol.transport import PORT_REASONS, CannotListen
 
 BUCKET_BYTES = 64 * 1024 * 1024
 
@@ -223,7 +223,7 @@ def listen_refusal(error: Exception, port: int, port_key: str) -> CannotListen |
     any other failure. c10d's servers listen on every address, so the message names the port."""
     found = re.search(r"name: (E[A-Z]+)", str(error))
     code = getattr(errno, found.group(1), None) if found else None
-    if code not in (errno.EADDRINUSE, errno.EACCES):
+    if code not in PORT_REASONS:
         return None
     return CannotListen(f"cannot listen on port {port}: {os.strerror(code)}", code, port_key)
 

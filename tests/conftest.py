@@ -197,9 +197,9 @@ def pytest_terminal_summary(terminalreporter):
     start from warm starts that differ by kernel path, so a failed bound is read beside them."""
     import torch
 
-    model = next((line.split(":", 1)[1].strip() for line in
-                  Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "unknown") \
-        if Path("/proc/cpuinfo").exists() else "unknown"
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    model = next((line.split(":", 1)[1].strip() for line in lines
+                  if line.startswith("model name")), "unknown")
     terminalreporter.write_line(f"machine: {model}, {os.cpu_count()} cores, torch CPU kernels "
                                 f"{torch.backends.cpu.get_cpu_capability()}")
