@@ -14,6 +14,10 @@ per cell the share of tokens the trust region took out (`pg/clip_frac`, `m2po/ma
 (`stale/mean`), each averaged over the run's steps. Written to DIR/staleness.md,
 DIR/results.json and DIR/staleness_avg_at_8.png (and _pass_at_8).
 
+K = 0 runs once per seed, under the first objective, and every objective shares it, wherever
+their updates coincide on-policy (`shared_on_policy`: mode sync, one optimizer step a learner
+step, no direct replay); elsewhere each objective runs its own.
+
 The objectives differ only in their loss keys; every other key is the config's:
   naive      the PPO clip on pi_theta / pi_behav, no proximal policy, no behaviour weight
   decoupled  decoupled PPO (the default loss): clip around pi_prox, w = pi_prox / pi_behav
@@ -29,7 +33,8 @@ from pathlib import Path
 import yaml
 
 from learner.run_log import read_metrics
-from rlvr.bench.common import BenchError, fmt, markdown_table, write_results
+from rlvr.bench.common import BenchError, fmt, markdown_table, read_json, write_results
+from rlvr.sweep import PLAN_FILE, sweep
 
 OBJECTIVES: dict[str, list[str]] = {
     "naive": ["loss.old_policy=behaviour"],
@@ -48,26 +53,33 @@ def run(config: str, out: Path, overrides: list[str], steps: int | None, inject:
         objectives: list[str], seeds: int) -> dict:
     from protocol.config import load_config
     from rlvr.bench.common import shared_model
-    from rlvr.sweep import sweep
 
     unknown = [o for o in objectives if o not in OBJECTIVES]
     if unknown or not objectives:
         raise BenchError(f"--objectives: unknown {unknown}; choose from {list(OBJECTIVES)}")
     fixed = [*overrides, *([f"run.steps={steps}"] if steps else [])]
-    model = shared_model(load_config(config, fixed, refuse_inert=False))  # one start for all
-    axis = [f"stale_inject={','.join(str(k) for k in inject)}"]
+    cfg = load_config(config, fixed, refuse_inert=False)
+    model = shared_model(cfg)  # one start for all
+    why_not = shared_on_policy(cfg)
+    shared_from = objectives[0] if why_not is None and 0 in inject else None
     # seed by seed, so that an interrupted curve is balanced and more seeds extend it: each
     # (objective, seed) is a sweep over K of its own, DIR/<objective>/seed<s>/
     for seed in range(seeds):
         for name in objectives:
             folder = out / name / f"seed{seed}"
-            if sweep(config, [*model, *fixed, *OBJECTIVES[name], f"run.seed={seed}", *axis],
+            ks = inject if shared_from in (None, name) or _plans_k0(folder) \
+                else [k for k in inject if k != 0]
+            if not ks:
+                continue
+            axis = f"stale_inject={','.join(str(k) for k in ks)}"
+            if sweep(config, [*model, *fixed, *OBJECTIVES[name], f"run.seed={seed}", axis],
                      folder) is None:
                 raise BenchError(f"the {name} sweep in {folder} did not finish")
-    runs = [(name, *run_cell(d)) for name in objectives for seed in range(seeds)
-            for d in sorted((out / name / f"seed{seed}" / "runs").iterdir()) if d.is_dir()]
+    runs = [(name, *cell) for name in objectives for seed in range(seeds)
+            for cell in _cells(out, name, seed, shared_from)]
     results = {"config": str(config), "overrides": overrides, "steps": steps, "inject": inject,
                "objectives": {o: OBJECTIVES[o] for o in objectives}, "seeds": seeds,
+               "k0_shared_from": shared_from, "k0_not_shared_because": why_not,
                "cells": reduce_cells(runs)}
     write_results(out, results)
     text = report(results)
@@ -76,6 +88,42 @@ def run(config: str, out: Path, overrides: list[str], steps: int | None, inject:
     for path in plot(results, out):
         print(path)
     return results
+
+
+def shared_on_policy(cfg) -> str | None:
+    """None when the objectives take the same update on data the current weights sampled, so
+    that K = 0 needs one run per seed, not one per objective; else why not, naming the key.
+    On-policy every ratio is 1 (to pi_behav and to pi_prox), so no clip, mask, veto or
+    truncation acts and the four losses have the same gradient (tests/test_bench_staleness.py),
+    as long as a learner step takes one optimizer step on fresh samples: a second one moves
+    pi_theta away from pi_behav, where the objectives differ."""
+    if cfg.mode != "sync":
+        return f"mode {cfg.mode}: the run's own lag makes K = 0 off-policy"
+    if cfg.optim.mini_batches != 1:
+        return f"optim.mini_batches {cfg.optim.mini_batches}: later optimizer steps are off-policy"
+    if cfg.optim.epochs != 1:
+        return f"optim.epochs {cfg.optim.epochs}: later passes are off-policy"
+    if cfg.ar3po.reuse_mode == "direct_replay":
+        return "ar3po.reuse_mode direct_replay: replayed responses are ratioed to old log-probs"
+    return None
+
+
+def _plans_k0(folder: Path) -> bool:
+    """Whether an earlier curve's sweep in `folder` has a K = 0 run of its own (curves from
+    before K = 0 was shared): its plan is kept, so that more seeds or Ks extend it."""
+    plan = read_json(folder / PLAN_FILE)
+    return any("stale_inject=0" in r.get("overrides", []) for r in plan.get("runs", []))
+
+
+def _cells(out: Path, name: str, seed: int, shared_from: str | None) -> list[tuple]:
+    """(K, seed, rows) of the objective's finished runs for one seed, with the shared K = 0
+    run of `shared_from` where the objective has none of its own."""
+    runs_dir = out / name / f"seed{seed}" / "runs"
+    own = [run_cell(d) for d in sorted(runs_dir.iterdir()) if d.is_dir()] \
+        if runs_dir.is_dir() else []
+    if shared_from and shared_from != name and not any(k == 0 for k, _, _ in own):
+        own += [c for c in _cells(out, shared_from, seed, None) if c[0] == 0]
+    return own
 
 
 def run_cell(run_dir: Path) -> tuple[int, int, list[dict]]:
@@ -161,6 +209,11 @@ def report(results: dict) -> str:
              "seeds):"]
     for objective, by_k in cells.items():
         lines.append(f"- {objective}: K = {fmt(tolerance(by_k))}")
+    if results.get("k0_shared_from"):
+        lines.append(f"\nK = 0 is one run per seed, {results['k0_shared_from']}'s, shared by every "
+                     "objective: on-policy their updates coincide.")
+    elif results.get("k0_not_shared_because"):
+        lines.append(f"\nK = 0 is run per objective ({results['k0_not_shared_because']}).")
     return "\n".join(lines) + "\n"
 
 
