@@ -114,7 +114,8 @@ class Learner:
         if coordinator_state is not None:  # the prompts handed out and not trained go first
             self.coord.load_state_dict(coordinator_state)
         self.stage_end = self.stage_version = self.stage_start = self.step  # mode=staged
-        self.delay_line = (DelayLine(cfg.stale_inject, self._gather, self.coord.trained)
+        self.delay_line = (DelayLine(cfg.stale_inject, self._gather, self.coord.trained,
+                                     self.coord.in_handout_order)
                            if cfg.stale_inject else None)
         # the version the actors hold (the last one published): admission counts from it, since
         # under weight_sync.sync_every > 1 they sample up to sync_every - 1 versions behind

@@ -296,3 +296,23 @@ def test_groups_held_in_the_delay_line_stay_pending_until_trained(learner):
     coord.trained(["g0"])
     assert [p["group_id"] for p in coord.state_dict()["pending"]][:2] == ["g1", "g2"]
     a0.close()
+
+
+def test_groups_sort_by_when_their_prompts_were_handed_out(learner):
+    # the delay line deals its fill in this order; a group already trained has no place in it
+    coord = make_coordinator(learner, max_staleness=1)
+    a0 = join(coord, 0, 100)
+    assert coord.sync_weights(0, new_epoch=True)
+    coord.admit(version=0)
+    prompts = [p for w in recv_all(a0, Work) for p in w.prompts]
+    for p in reversed(prompts[:3]):  # the last one handed out finished first
+        a0.send(group_for(p, 0))
+        assert coord.poll(5.0)
+    held = coord.take(3, keep_pending=True)
+    assert [g.group_id for g in held] == [p.group_id for p in reversed(prompts[:3])]
+    assert [g.group_id for g in coord.in_handout_order(held)] == [
+        p.group_id for p in prompts[:3]]
+    coord.trained([held[0].group_id])
+    with pytest.raises(ValueError, match="not pending"):
+        coord.in_handout_order(held)
+    a0.close()
