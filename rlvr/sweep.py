@@ -169,6 +169,14 @@ def _prepare(run_dir: Path, args: dict, steps: int) -> str:
     return "start"
 
 
+def extends(old: dict, plan: dict) -> bool:
+    """Whether `plan` is the sweep `old` planned, or it with more settings or seeds: every run
+    of the old plan is in the new one as it was (name, overrides, steps), so its finished runs
+    are reused and only the new ones are trained."""
+    runs = plan["runs"]
+    return old.get("config") == plan["config"] and all(r in runs for r in old.get("runs", []))
+
+
 def sweep(config: str, overrides: list[str], out: Path, seeds: int | None = None,
           slurm: dict | None = None, wait: bool = False, poll_s: float = 5.0) -> dict | None:
     """Run (or queue) every run of the sweep; the summary when all have finished, else None."""
@@ -188,7 +196,7 @@ def sweep(config: str, overrides: list[str], out: Path, seeds: int | None = None
                                      for r in runs]}
     out.mkdir(parents=True, exist_ok=True)
     old = read_json(out / PLAN_FILE)
-    if old and (old.get("config"), old.get("runs")) != (plan["config"], plan["runs"]):
+    if old and not extends(old, plan):
         raise BenchError(f"{out} holds another sweep ({old.get('config')}, "
                          f"{len(old.get('runs', []))} runs): choose another --out")
     write_json_atomic(out / PLAN_FILE, plan)

@@ -101,6 +101,18 @@ def test_another_sweep_in_the_same_folder_is_refused(tmp_path, monkeypatch):
     sweep(str(TINY), ["max_staleness=0,1", "run.steps=2"], tmp_path / "sw")
     with pytest.raises(BenchError, match="holds another sweep"):
         sweep(str(TINY), ["max_staleness=0,4", "run.steps=2"], tmp_path / "sw")
+    with pytest.raises(BenchError, match="holds another sweep"):  # the same settings, longer
+        sweep(str(TINY), ["max_staleness=0,1", "run.steps=3"], tmp_path / "sw")
+
+
+def test_more_settings_extend_a_sweep_and_its_finished_runs_are_reused(tmp_path, monkeypatch):
+    # a tolerance curve measured at K = 0, 4 is extended by K = 2 without training 0 and 4 again
+    calls = []
+    monkeypatch.setattr("rlvr.launch.train", fake_train(calls))
+    sweep(str(TINY), ["max_staleness=0,4", "run.steps=2"], tmp_path / "sw")
+    result = sweep(str(TINY), ["max_staleness=0,2,4", "run.steps=2"], tmp_path / "sw")
+    assert calls == ["max_staleness-0", "max_staleness-4", "max_staleness-2"]
+    assert set(result["settings"]) == {f"max_staleness={k}" for k in (0, 2, 4)}
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@
 
 For every objective and seed, an `rlvr sweep` over `stale_inject` (K) in
 `DIR/<objective>/seed<s>/`, every run from the same warm-started model (resumable as any sweep:
-finished runs are reused, and a larger --seeds adds seeds to an earlier curve). Each run trains every
+finished runs are reused; more Ks in --inject or a larger --seeds extend an earlier curve). Each run trains every
 group K versions after the version that sampled it (after a K-step warm-up in which the delay line
 fills). Then one table and one plot over all cells: final `eval/avg@8` and `eval/pass@8` (mean
 and spread over seeds) against K per objective, the drop from the objective's own K = 0, and
