@@ -235,12 +235,10 @@ class Coordinator:
 
     def in_handout_order(self, groups: list[Group]) -> list[Group]:
         """These groups, sorted by when their prompts were first handed out (a reissued prompt
-        keeps its place). They must be pending (taken with `keep_pending`, not trained yet)."""
+        keeps its place). Pending ones only (taken with `keep_pending`, not trained yet) have a
+        place: any other goes last, in the order given, as it would be trained without this."""
         place = {group_id: i for i, group_id in enumerate(self.handed)}
-        missing = [g.group_id for g in groups if g.group_id not in place]
-        if missing:
-            raise ValueError(f"groups not pending at the coordinator: {missing[:5]}")
-        return sorted(groups, key=lambda g: place[g.group_id])
+        return sorted(groups, key=lambda g: place.get(g.group_id, len(place)))
 
     def trained(self, group_ids: list[str]) -> None:
         """These groups are consumed (trained, filtered or dropped): a checkpoint forgets them."""

@@ -166,7 +166,10 @@ def engine_load_metrics(groups: list[Group], seen: dict[int, EngineLoad]
         if load is not None and (last is None or load.process != last.process
                                  or load.decode_steps > last.decode_steps):
             step_newest[g.actor_id] = load  # a new process is the live one
-    newest = {**seen, **step_newest}
+    # a step can hold groups sent before the last step's (injected staleness deals its fill in
+    # hand-out order): an actor's counters never go back, so older ones leave it at `seen`
+    newest = {**seen, **{actor: load for actor, load in step_newest.items()
+                         if not _older(load, seen.get(actor))}}
     rows = capacity = 0
     for actor, load in newest.items():
         before = seen.get(actor)
@@ -177,6 +180,11 @@ def engine_load_metrics(groups: list[Group], seen: dict[int, EngineLoad]
     return {"gen/engine_fill": rows / capacity if capacity else None,
             "sync/prefix_cache_reset_refused":
                 sum(load.prefix_cache_resets_refused for load in newest.values())}, newest
+
+
+def _older(load: EngineLoad, than: EngineLoad | None) -> bool:
+    return (than is not None and load.process == than.process
+            and load.decode_steps < than.decode_steps)
 
 
 def _p(values: list[int], q: float) -> float | None:

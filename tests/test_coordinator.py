@@ -312,7 +312,7 @@ def test_groups_sort_by_when_their_prompts_were_handed_out(learner):
     assert [g.group_id for g in held] == [p.group_id for p in reversed(prompts[:3])]
     assert [g.group_id for g in coord.in_handout_order(held)] == [
         p.group_id for p in prompts[:3]]
-    coord.trained([held[0].group_id])
-    with pytest.raises(ValueError, match="not pending"):
-        coord.in_handout_order(held)
+    coord.trained([prompts[0].group_id])  # no longer pending: last, not lost
+    assert [g.group_id for g in coord.in_handout_order(held)] == [
+        p.group_id for p in (prompts[1], prompts[2], prompts[0])]
     a0.close()

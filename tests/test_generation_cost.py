@@ -128,8 +128,14 @@ def test_engine_fill_is_busy_rows_over_capacity_since_the_last_step_across_actor
     assert second["gen/engine_fill"] == pytest.approx((40 + 30) / (10 * 4 + 12 * 8))
     assert second["sync/prefix_cache_reset_refused"] == 2
     # a step whose groups came from engines that did not step: no fill to speak of
-    third, _ = engine_load_metrics([loaded(0, 20, 70)], seen)
+    third, seen = engine_load_metrics([loaded(0, 20, 70)], seen)
     assert third["gen/engine_fill"] is None
+    # a step of groups sent before the last step's (the delay line's fill, dealt in hand-out
+    # order): the counters do not go back, the fill counted since is not taken twice
+    fourth, seen = engine_load_metrics([loaded(0, 14, 50)], seen)
+    assert fourth["gen/engine_fill"] is None and seen[0].decode_steps == 20
+    fifth, _ = engine_load_metrics([loaded(0, 25, 90)], seen)
+    assert fifth["gen/engine_fill"] == pytest.approx(20 / (5 * 4))
 
 
 def test_each_groups_lengths_are_logged_by_stage_for_the_planner():
