@@ -172,7 +172,8 @@ def _prepare(run_dir: Path, args: dict, steps: int) -> str:
 def extends(old: dict, plan: dict) -> bool:
     """Whether `plan` is the sweep `old` planned, or it with more settings or seeds: every run
     of the old plan is in the new one as it was (name, overrides, steps), so its finished runs
-    are reused and only the new ones are trained."""
+    are reused and only the new ones are trained. The other way round, a sweep asked for a part
+    of what its folder planned trains (or reuses) that part and keeps the larger plan."""
     runs = plan["runs"]
     return old.get("config") == plan["config"] and all(r in runs for r in old.get("runs", []))
 
@@ -196,10 +197,11 @@ def sweep(config: str, overrides: list[str], out: Path, seeds: int | None = None
                                      for r in runs]}
     out.mkdir(parents=True, exist_ok=True)
     old = read_json(out / PLAN_FILE)
-    if old and not extends(old, plan):
+    if old and not (extends(old, plan) or extends(plan, old)):
         raise BenchError(f"{out} holds another sweep ({old.get('config')}, "
                          f"{len(old.get('runs', []))} runs): choose another --out")
-    write_json_atomic(out / PLAN_FILE, plan)
+    if not old or extends(old, plan):  # a part of a larger sweep keeps the larger plan
+        write_json_atomic(out / PLAN_FILE, plan)
     for r in runs:
         run_dir = out / "runs" / r.name
         run_overrides = [*model, *r.overrides]

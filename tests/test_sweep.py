@@ -113,6 +113,10 @@ def test_more_settings_extend_a_sweep_and_its_finished_runs_are_reused(tmp_path,
     result = sweep(str(TINY), ["max_staleness=0,2,4", "run.steps=2"], tmp_path / "sw")
     assert calls == ["max_staleness-0", "max_staleness-4", "max_staleness-2"]
     assert set(result["settings"]) == {f"max_staleness={k}" for k in (0, 2, 4)}
+    # the first command again: its part is reused, and the folder still plans all three
+    part = sweep(str(TINY), ["max_staleness=0,4", "run.steps=2"], tmp_path / "sw")
+    assert len(calls) == 3 and set(part["settings"]) == {"max_staleness=0", "max_staleness=4"}
+    assert len(json.loads((tmp_path / "sw" / "sweep.json").read_text())["runs"]) == 3
 
 
 @pytest.mark.slow
