@@ -62,15 +62,18 @@ def split_values(text: str) -> list[str]:
     return [p.strip() for p in parts]
 
 
-def parse_overrides(overrides: list[str]) -> tuple[dict[str, list[str]], list[str]]:
-    """(axes: key -> values, fixed overrides). Refuses an empty value and a repeated axis."""
+def parse_overrides(overrides: list[str], axis_keys: tuple[str, ...] = ()
+                    ) -> tuple[dict[str, list[str]], list[str]]:
+    """(axes: key -> values, fixed overrides). Refuses an empty value and a repeated axis. A key
+    in `axis_keys` is an axis even with one value, so that its runs are named by it and a later
+    sweep with more values of it extends this one."""
     axes, fixed = {}, []
     for text in overrides:
         key, eq, raw = text.partition("=")
         if not eq or not key.strip():
             raise BenchError(f"{text!r} is not key=value")
         values = split_values(raw)
-        if len(values) == 1:
+        if len(values) == 1 and key.strip() not in axis_keys:
             fixed.append(text)
             continue
         if any(v == "" for v in values):
@@ -179,11 +182,13 @@ def extends(old: dict, plan: dict) -> bool:
 
 
 def sweep(config: str, overrides: list[str], out: Path, seeds: int | None = None,
-          slurm: dict | None = None, wait: bool = False, poll_s: float = 5.0) -> dict | None:
-    """Run (or queue) every run of the sweep; the summary when all have finished, else None."""
+          slurm: dict | None = None, wait: bool = False, poll_s: float = 5.0,
+          axis_keys: tuple[str, ...] = ()) -> dict | None:
+    """Run (or queue) every run of the sweep; the summary when all have finished, else None.
+    `axis_keys`: keys swept even when given one value (parse_overrides)."""
     from protocol.config import load_config
 
-    axes, fixed = parse_overrides(overrides)
+    axes, fixed = parse_overrides(overrides, axis_keys)
     runs = plan_runs(axes, fixed, seeds)
     steps = {}
     for r in runs:  # every config is checked before anything starts (keys a run leaves inert

@@ -136,7 +136,7 @@ def test_k0_is_shared_only_where_the_objectives_coincide_on_policy(overrides, re
 def _fake_sweep(calls):
     """`sweep` standing in for real runs: records (objective folder, K axis) and writes each
     run's config and a last metrics row whose final accuracy encodes who ran it."""
-    def sweep(config, overrides, folder):
+    def sweep(config, overrides, folder, axis_keys=()):
         seed = int(next(o for o in overrides if o.startswith("run.seed=")).split("=")[1])
         ks = next(o for o in overrides if o.startswith("stale_inject=")).split("=")[1]
         calls.append((folder.parent.name, ks))
@@ -182,3 +182,35 @@ def test_an_earlier_curve_with_k0_per_objective_is_extended_as_it_was(tmp_path, 
                             "model.path=/nonexistent"], 3, [0, 4], ["naive", "decoupled"], 1)
     assert calls == [("naive", "0,4"), ("decoupled", "0,4")]
     assert results["cells"]["decoupled"][0]["eval/avg@8"]["values"] == [0.5]  # its own
+
+
+def test_a_curve_begun_at_one_k_takes_more_ks_later_reusing_its_run(tmp_path, monkeypatch):
+    """The real sweep, with training stood in for: `--inject 4` and then `--inject 4,16` in the
+    same folder train K = 4 once and K = 16 once; one K was once a sweep with no axis, whose run
+    (`base`) no later plan contained, so the second command was refused."""
+    trained = []
+
+    def train(config, overrides, resume_dir, dry_run):
+        opts = dict(o.split("=", 1) for o in overrides)
+        run_dir = Path(opts["run.out_dir"]) / opts["run.name"]
+        trained.append(run_dir.name)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(
+            {"stale_inject": int(opts["stale_inject"]), "run": {"seed": int(opts["run.seed"])}}))
+        final = 0.5 - int(opts["stale_inject"]) / 100
+        (run_dir / "metrics.jsonl").write_text(json.dumps(
+            {"step": int(opts["run.steps"]), "eval/avg@8": final, "eval/pass@8": final}) + "\n")
+        (run_dir / "summary.json").write_text("{}")
+        return 0
+
+    monkeypatch.setattr("rlvr.launch.train", train)
+    args = ("configs/tiny-cpu.yaml", tmp_path, ["mode=sync", "model.path=/nonexistent"], 3)
+    staleness.run(*args, [4], ["decoupled"], 1)
+    results = staleness.run(*args, [4, 16], ["decoupled"], 1)
+    assert trained == ["stale_inject-4", "stale_inject-16"]
+    cells = results["cells"]["decoupled"]
+    assert cells[4]["eval/avg@8"]["values"] == [0.46]
+    assert cells[16]["eval/avg@8"]["values"] == [pytest.approx(0.34)]
+    # without a K = 0 run the drop is from K = 4, and the report says so
+    assert "decoupled: K = 4 (drop measured from K = 4: the curve has no K = 0)" in \
+        (tmp_path / "staleness.md").read_text()
