@@ -40,6 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
+from learner.code_version import code_version
 from learner.progress import Progress, is_scalar
 
 log = logging.getLogger(__name__)
@@ -298,9 +299,11 @@ class RunLog:
 
     def summary(self, extra: dict | None = None) -> Path:
         """Write `summary.json`: steps, wall time, final row, last eval, run and last-10% means,
-        plus `extra` (e.g. final eval results) on top. Atomic; returns its path."""
+        plus `extra` (e.g. final eval results) on top, and the code's commit. Atomic; returns
+        its path."""
         summary = summarize(read_metrics(self.metrics_path))
         summary.update(jsonable(extra or {}, "extra"))
+        summary["code"] = code_version()  # which code made the run (learner/code_version.py)
         path = self.run_dir / SUMMARY_FILE
         write_json_atomic(path, summary)
         if self.wandb_run is not None:

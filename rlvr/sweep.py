@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from learner.run_log import read_metrics, write_json_atomic
-from rlvr.bench.common import ARGS_FILE, RUN_FIXED, BenchError, finished, read_json, shared_model
+from rlvr.bench.common import (ARGS_FILE, RUN_FIXED, BenchError, finished, read_json, reusing,
+                               shared_model)
 
 PLAN_FILE = "sweep.json"
 JOB_FILE = "sweep_job.json"
@@ -160,7 +161,7 @@ def _prepare(run_dir: Path, args: dict, steps: int) -> str:
                              "sweep's): remove it, or choose another --out")
         state = run_state(run_dir, steps)["state"]
         if state == "done":
-            print(f"sweep: reusing finished run {run_dir}", flush=True)
+            print(reusing("sweep", run_dir), flush=True)
             return "done"
         if state in ("running", "queued"):
             print(f"sweep: {run_dir} is {state} (job {run_state(run_dir, steps)['job']})",

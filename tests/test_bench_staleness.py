@@ -206,6 +206,8 @@ def test_a_curve_begun_at_one_k_takes_more_ks_later_reusing_its_run(tmp_path, mo
     monkeypatch.setattr("rlvr.launch.train", train)
     args = ("configs/tiny-cpu.yaml", tmp_path, ["mode=sync", "model.path=/nonexistent"], 3)
     staleness.run(*args, [4], ["decoupled"], 1)
+    (tmp_path / "decoupled" / "seed0" / "runs" / "stale_inject-4" / "summary.json").write_text(
+        json.dumps({"code": {"commit": "a" * 40, "dirty": False}}))  # made by another code
     results = staleness.run(*args, [4, 16], ["decoupled"], 1)
     assert trained == ["stale_inject-4", "stale_inject-16"]
     cells = results["cells"]["decoupled"]
@@ -214,3 +216,6 @@ def test_a_curve_begun_at_one_k_takes_more_ks_later_reusing_its_run(tmp_path, mo
     # without a K = 0 run the drop is from K = 4, and the report says so
     assert "decoupled: K = 4 (drop measured from K = 4: the curve has no K = 0)" in \
         (tmp_path / "staleness.md").read_text()
+    assert results["codes"] == {"aaaaaaa": 1, "unknown": 1}  # the stand-in records no code
+    assert "Runs made by code: aaaaaaa (1 run), unknown (1 run); the cells may differ by more " \
+        "than staleness" in (tmp_path / "staleness.md").read_text()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import subprocess
 
 import numpy as np
 import pytest
@@ -85,6 +86,8 @@ def test_summary_holds_final_metrics_last_eval_and_run_means(tmp_path):
     assert summary["last_eval"] == {"step": 1, "eval/avg@8": 0.2}
     assert summary["means"]["gen/responses_per_prompt"] == 6.0
     assert summary["last10pct_means"]["gen/responses_per_prompt"] == 4.0
+    assert summary["code"]["commit"] == subprocess.run(  # the checkout's commit, in full
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left
 
 

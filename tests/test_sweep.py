@@ -105,13 +105,18 @@ def test_another_sweep_in_the_same_folder_is_refused(tmp_path, monkeypatch):
         sweep(str(TINY), ["max_staleness=0,1", "run.steps=3"], tmp_path / "sw")
 
 
-def test_more_settings_extend_a_sweep_and_its_finished_runs_are_reused(tmp_path, monkeypatch):
+def test_more_settings_extend_a_sweep_and_its_finished_runs_are_reused(tmp_path, monkeypatch,
+                                                                       capsys):
     # a tolerance curve measured at K = 0, 4 is extended by K = 2 without training 0 and 4 again
     calls = []
     monkeypatch.setattr("rlvr.launch.train", fake_train(calls))
     sweep(str(TINY), ["max_staleness=0,4", "run.steps=2"], tmp_path / "sw")
+    capsys.readouterr()
     result = sweep(str(TINY), ["max_staleness=0,2,4", "run.steps=2"], tmp_path / "sw")
     assert calls == ["max_staleness-0", "max_staleness-4", "max_staleness-2"]
+    # the stand-in's runs record no code: reused, and said to be of unknown code
+    reused = [line for line in capsys.readouterr().out.splitlines() if "reusing" in line]
+    assert len(reused) == 2 and all("(made by code unknown, code now " in r for r in reused)
     assert set(result["settings"]) == {f"max_staleness={k}" for k in (0, 2, 4)}
     # the first command again: its part is reused, and the folder still plans all three
     part = sweep(str(TINY), ["max_staleness=0,4", "run.steps=2"], tmp_path / "sw")

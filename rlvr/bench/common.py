@@ -77,7 +77,7 @@ def train_run(config: str, out_dir: Path, name: str, overrides: list[str],
             raise BenchError(f"{run_dir} holds a run with other arguments (or none of this "
                              f"{tag}'s): remove it, or choose another --out")
         if finished(run_dir, steps):
-            print(f"{tag}: reusing finished run {run_dir}", flush=True)
+            print(reusing(tag, run_dir), flush=True)
             return run_dir, {"reused": True, **read_json(run_dir / LAUNCH_FILE)}
         print(f"{tag}: {run_dir} is an interrupted run of this {tag}: starting it again",
               flush=True)
@@ -112,6 +112,15 @@ def _load_avg() -> float | None:
 
 def _same_args(run_dir: Path, args: dict) -> bool:
     return read_json(run_dir / ARGS_FILE) == args
+
+
+def reusing(tag: str, run_dir: Path) -> str:
+    """The line said when a finished run is reused: with the code that made it where that is
+    not this checkout's clean commit, since its numbers may not be what today's code makes."""
+    from learner.code_version import code_version, differs
+
+    why = differs(read_json(run_dir / "summary.json").get("code"), code_version())
+    return f"{tag}: reusing finished run {run_dir}" + (f" ({why})" if why else "")
 
 
 def finished(run_dir: Path, steps: int) -> bool:

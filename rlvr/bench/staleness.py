@@ -28,10 +28,12 @@ The objectives differ only in their loss keys; every other key is the config's:
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from pathlib import Path
 
 import yaml
 
+from learner.code_version import label
 from learner.run_log import read_metrics
 from rlvr.bench.common import BenchError, fmt, markdown_table, read_json, write_results
 from rlvr.sweep import PLAN_FILE, sweep
@@ -76,12 +78,16 @@ def run(config: str, out: Path, overrides: list[str], steps: int | None, inject:
             if sweep(config, [*model, *fixed, *OBJECTIVES[name], f"run.seed={seed}", axis],
                      folder, axis_keys=("stale_inject",)) is None:
                 raise BenchError(f"the {name} sweep in {folder} did not finish")
-    runs = [(name, *cell) for name in objectives for seed in range(seeds)
-            for cell in _cells(out, name, seed, shared_from)]
+    found = [(name, cell) for name in objectives for seed in range(seeds)
+             for cell in _cells(out, name, seed, shared_from)]
+    runs = [(name, *cell[:3]) for name, cell in found]
+    # a curve extended over sessions reuses runs: which code made them (the shared K = 0 once)
+    codes = Counter(label(read_json(d / "summary.json").get("code"))
+                    for d in sorted({cell[3] for _, cell in found}))
     results = {"config": str(config), "overrides": overrides, "steps": steps, "inject": inject,
                "objectives": {o: OBJECTIVES[o] for o in objectives}, "seeds": seeds,
                "k0_shared_from": shared_from, "k0_not_shared_because": why_not,
-               "cells": reduce_cells(runs)}
+               "cells": reduce_cells(runs), "codes": dict(sorted(codes.items(), key=lambda c: (-c[1], c[0])))}
     write_results(out, results)
     text = report(results)
     (out / "staleness.md").write_text(text)
@@ -117,12 +123,12 @@ def _plans_k0(folder: Path) -> bool:
 
 
 def _cells(out: Path, name: str, seed: int, shared_from: str | None) -> list[tuple]:
-    """(K, seed, rows) of the objective's finished runs for one seed, with the shared K = 0
-    run of `shared_from` where the objective has none of its own."""
+    """(K, seed, rows, run folder) of the objective's finished runs for one seed, with the
+    shared K = 0 run of `shared_from` where the objective has none of its own."""
     runs_dir = out / name / f"seed{seed}" / "runs"
-    own = [run_cell(d) for d in sorted(runs_dir.iterdir()) if d.is_dir()] \
+    own = [(*run_cell(d), d) for d in sorted(runs_dir.iterdir()) if d.is_dir()] \
         if runs_dir.is_dir() else []
-    if shared_from and shared_from != name and not any(k == 0 for k, _, _ in own):
+    if shared_from and shared_from != name and not any(c[0] == 0 for c in own):
         own += [c for c in _cells(out, shared_from, seed, None) if c[0] == 0]
     return own
 
@@ -212,6 +218,11 @@ def report(results: dict) -> str:
         base = min(by_k)  # the drop is measured from it (reduce_cells)
         lines.append(f"- {objective}: K = {fmt(tolerance(by_k))}" + (
             "" if base == 0 else f" (drop measured from K = {base}: the curve has no K = 0)"))
+    if results.get("codes"):
+        lines.append("\nRuns made by code: " + ", ".join(
+            f"{code} ({n} run{'s' if n > 1 else ''})" for code, n in results["codes"].items())
+            + ("; the cells may differ by more than staleness"
+               if len(results["codes"]) > 1 else ""))
     if results.get("k0_shared_from"):
         lines.append(f"\nK = 0 is one run per seed, {results['k0_shared_from']}'s, shared by every "
                      "objective: on-policy their updates coincide.")
