@@ -44,8 +44,9 @@ def test_only_the_same_clean_commit_counts_as_the_same_code():
 def test_a_reused_run_made_by_other_code_says_so(tmp_path, monkeypatch):
     now = {"commit": "c" * 40, "dirty": False}
     monkeypatch.setattr("learner.code_version.code_version", lambda: now)
-    (tmp_path / "summary.json").write_text('{"code": {"commit": "%s", "dirty": false}}' % ("d" * 40))
+    made_by = '{"code": {"commit": "%s", "dirty": false}}'
+    (tmp_path / "summary.json").write_text(made_by % ("d" * 40))
     assert common.reusing("sweep", tmp_path) == \
         f"sweep: reusing finished run {tmp_path} (made by code ddddddd, code now ccccccc)"
-    (tmp_path / "summary.json").write_text('{"code": {"commit": "%s", "dirty": false}}' % ("c" * 40))
+    (tmp_path / "summary.json").write_text(made_by % ("c" * 40))
     assert common.reusing("sweep", tmp_path) == f"sweep: reusing finished run {tmp_path}"

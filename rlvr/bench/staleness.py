@@ -87,7 +87,8 @@ def run(config: str, out: Path, overrides: list[str], steps: int | None, inject:
     results = {"config": str(config), "overrides": overrides, "steps": steps, "inject": inject,
                "objectives": {o: OBJECTIVES[o] for o in objectives}, "seeds": seeds,
                "k0_shared_from": shared_from, "k0_not_shared_because": why_not,
-               "cells": reduce_cells(runs), "codes": dict(sorted(codes.items(), key=lambda c: (-c[1], c[0])))}
+               "cells": reduce_cells(runs),
+               "codes": dict(sorted(codes.items(), key=lambda c: (-c[1], c[0])))}
     write_results(out, results)
     text = report(results)
     (out / "staleness.md").write_text(text)
