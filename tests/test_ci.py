@@ -42,7 +42,10 @@ def test_make_test_runs_each_lane_whole_on_one_worker(tmp_path):
         "from tests.lanes import make_scheduler\n\n"
         "def pytest_xdist_make_scheduler(config, log):\n"
         "    return make_scheduler(config, log)\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # the inner suite runs with exactly these options: PYTEST_ADDOPTS of the outer run (a plugin
+    # loaded, a -k) would change what it runs or fail it for a reason not its own
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
+           "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadscope",
                            "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from learner.progress import is_scalar
-from learner.run_log import read_metrics, write_json_atomic
+from learner.run_log import SUMMARY_FILE, read_metrics, write_json_atomic
 
 ARGS_FILE = "bench_args.json"
 LAUNCH_FILE = "bench_launch.json"
@@ -119,13 +119,13 @@ def reusing(tag: str, run_dir: Path) -> str:
     not this checkout's clean commit, since its numbers may not be what today's code makes."""
     from learner.code_version import code_version, differs
 
-    why = differs(read_json(run_dir / "summary.json").get("code"), code_version())
+    why = differs(read_json(run_dir / SUMMARY_FILE).get("code"), code_version())
     return f"{tag}: reusing finished run {run_dir}" + (f" ({why})" if why else "")
 
 
 def finished(run_dir: Path, steps: int) -> bool:
     rows = read_metrics(run_dir)
-    return (run_dir / "summary.json").exists() and bool(rows) and rows[-1].get("step") == steps
+    return (run_dir / SUMMARY_FILE).exists() and bool(rows) and rows[-1].get("step") == steps
 
 
 def machine() -> dict:

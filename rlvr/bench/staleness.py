@@ -34,7 +34,7 @@ from pathlib import Path
 import yaml
 
 from learner.code_version import label
-from learner.run_log import read_metrics
+from learner.run_log import SUMMARY_FILE, read_metrics
 from rlvr.bench.common import BenchError, fmt, markdown_table, read_json, write_results
 from rlvr.sweep import PLAN_FILE, sweep
 
@@ -82,7 +82,7 @@ def run(config: str, out: Path, overrides: list[str], steps: int | None, inject:
              for cell in _cells(out, name, seed, shared_from)]
     runs = [(name, *cell[:3]) for name, cell in found]
     # a curve extended over sessions reuses runs: which code made them (the shared K = 0 once)
-    codes = Counter(label(read_json(d / "summary.json").get("code"))
+    codes = Counter(label(read_json(d / SUMMARY_FILE).get("code"))
                     for d in sorted({cell[3] for _, cell in found}))
     results = {"config": str(config), "overrides": overrides, "steps": steps, "inject": inject,
                "objectives": {o: OBJECTIVES[o] for o in objectives}, "seeds": seeds,
