@@ -47,8 +47,25 @@ def test_cells_average_the_final_evaluation_over_seeds_and_measure_the_drop_from
     assert cells["naive"][16]["stale/mean"] == 16 and cells["naive"][0]["stale/mean"] is None
     assert cells["naive"][16]["eval/pass@8"]["mean"] == pytest.approx(0.76)
     text = report({"config": "c.yaml", "overrides": ["mode=sync"], "cells": cells})
-    assert "| naive | 16 | 2 | 0.560 ± 0.014 | 5.0 |" in text
+    assert "| naive | 16 | 2 | 0.560 ± 0.014 | 0.550 0.570 | 5.0 |" in text
     assert "- naive: K = 0" in text and "- m2po: K = 16" in text
+
+
+def test_the_report_shows_each_seeds_final_accuracy_so_that_a_collapse_is_seen():
+    # the runs arrive in any order; a seed whose run has no final evaluation shows as "-"
+    runs = [("decoupled", 4, 2, rows(0.0)), ("decoupled", 4, 0, rows(0.58)),
+            ("decoupled", 4, 1, rows(0.56)), ("decoupled", 4, 3, [{"step": 1}]),
+            ("decoupled", 0, 0, rows(0.6))]
+    cells = reduce_cells(runs)
+    avg = cells["decoupled"][4]["eval/avg@8"]
+    assert cells["decoupled"][4]["seeds"] == [0, 1, 2, 3]
+    assert avg["by_seed"] == {"0": 0.58, "1": 0.56, "2": 0.0} and avg["n"] == 3
+    assert avg["values"] == [0.58, 0.56, 0.0]
+    text = report({"config": "c.yaml", "overrides": [], "cells": cells})
+    assert "| decoupled | 4 | 4 | 0.380 ± 0.329 | 0.580 0.560 0.000 - |" in text
+    # results.json keeps it: a report of the cells read back is the same
+    assert report(json.loads(json.dumps({"config": "c.yaml", "overrides": [],
+                                         "cells": cells}))).count("0.580 0.560 0.000 -") == 1
 
 
 def test_tolerance_is_the_last_k_before_the_first_drop_over_the_threshold():

@@ -151,7 +151,8 @@ def _mean(values: list) -> float | None:
 
 
 def reduce_cells(runs: list[tuple[str, int, int, list[dict]]]) -> dict:
-    """objective -> K -> {final metric: {mean, std, n, seeds}, training means, drop_points}.
+    """objective -> K -> {final metric: {mean, std, n, values, by_seed}, seeds, training means,
+    drop_points}.
     `drop_points` is 100 x (the objective's mean final eval/avg@8 at its smallest K minus this
     K's): how much accuracy the staleness cost, in points."""
     cells: dict[str, dict[int, dict]] = {}
@@ -163,13 +164,18 @@ def reduce_cells(runs: list[tuple[str, int, int, list[dict]]]) -> dict:
     for objective, by_k in cells.items():
         out[objective] = {}
         for k in sorted(by_k):
-            runs_k = by_k[k]["runs"]
-            cell = {"seeds": sorted(by_k[k]["seeds"])}
+            seeds, runs_k = zip(*sorted(zip(by_k[k]["seeds"], by_k[k]["runs"]),
+                                        key=lambda pair: pair[0]))
+            cell = {"seeds": list(seeds)}
             for key in FINAL:
-                finals = [v for v in (_last(rows, key) for rows in runs_k) if v is not None]
+                found = [(seed, v) for seed, v in zip(seeds, (_last(r, key) for r in runs_k))
+                         if v is not None]
+                finals = [v for _, v in found]
+                # per seed, so that a seed that collapsed shows (a mean and sd hide it)
+                by_seed = {str(seed): v for seed, v in found}
                 cell[key] = {"mean": _mean(finals), "n": len(finals),
                              "std": statistics.stdev(finals) if len(finals) > 1 else None,
-                             "values": finals}
+                             "values": finals, "by_seed": by_seed}
             training = [[r for r in rows if r.get("step", 0) > 0] for rows in runs_k]
             for key in TRAINING_MEANS:
                 cell[key] = _mean([_mean([r.get(key) for r in rows]) for rows in training])
@@ -196,7 +202,7 @@ def tolerance(cells_of_objective: dict, points: float = 2.0) -> int | None:
 
 def report(results: dict) -> str:
     cells = results["cells"]
-    headers = ["objective", "K", "seeds", "eval/avg@8", "drop (pts)", "eval/pass@8",
+    headers = ["objective", "K", "seeds", "eval/avg@8", "per seed", "drop (pts)", "eval/pass@8",
                "clip frac", "m2po masked", "veto frac", "is/w_mean", "w truncated",
                "stale/mean"]
     rows = []
@@ -206,7 +212,9 @@ def report(results: dict) -> str:
                 m, s = c[key]["mean"], c[key]["std"]
                 return fmt(m, 3) + ("" if s is None else f" ± {s:.3f}")
 
+            by_seed = c["eval/avg@8"]["by_seed"]
             rows.append([objective, str(k), str(len(c["seeds"])), spread("eval/avg@8"),
+                         " ".join(fmt(by_seed.get(str(seed)), 3) for seed in c["seeds"]),
                          fmt(c["drop_points"], 1), spread("eval/pass@8"),
                          fmt(c["pg/clip_frac"], 4), fmt(c["m2po/masked_frac"], 4),
                          fmt(c["veto/token_frac_all"], 4), fmt(c["is/w_mean"], 3),
