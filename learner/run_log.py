@@ -234,6 +234,8 @@ class RunLog:
         self.last_step: int | None = kept[-1]["step"] if kept else None
         self.time_offset_s = float(kept[-1].get("time_s") or 0.0) if kept else 0.0
         self.t0 = time.monotonic()
+        # read when the run (or its resume) starts: a commit made while it trains is not its code
+        self.code = code_version()
         self.file = open(self.metrics_path, "a")
         self.wandb_run = None
         if wandb_mode != "disabled":
@@ -299,11 +301,11 @@ class RunLog:
 
     def summary(self, extra: dict | None = None) -> Path:
         """Write `summary.json`: steps, wall time, final row, last eval, run and last-10% means,
-        plus `extra` (e.g. final eval results) on top, and the code's commit. Atomic; returns
-        its path."""
+        plus `extra` (e.g. final eval results) on top, and the code's commit when the run (or
+        its last resume) started. Atomic; returns its path."""
         summary = summarize(read_metrics(self.metrics_path))
         summary.update(jsonable(extra or {}, "extra"))
-        summary["code"] = code_version()  # which code made the run (learner/code_version.py)
+        summary["code"] = self.code  # which code made the run (learner/code_version.py)
         path = self.run_dir / SUMMARY_FILE
         write_json_atomic(path, summary)
         if self.wandb_run is not None:

@@ -91,6 +91,19 @@ def test_summary_holds_final_metrics_last_eval_and_run_means(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left
 
 
+def test_the_summary_names_the_code_the_run_started_with_not_a_later_commit(tmp_path,
+                                                                           monkeypatch):
+    at_start = {"commit": "a" * 40, "dirty": False}
+    monkeypatch.setattr("learner.run_log.code_version", lambda: at_start)
+    with quiet_log(tmp_path) as run:
+        run.log(1, {"eval/avg@8": 0.2})
+        # a commit lands while the run trains (a sweep's next change, a session's edit)
+        monkeypatch.setattr("learner.run_log.code_version",
+                            lambda: {"commit": "b" * 40, "dirty": True})
+        path = run.summary()
+    assert json.loads(path.read_text())["code"] == at_start
+
+
 def test_format_progress_shows_the_headline_numbers():
     line = format_progress(12, 200, {"reward/acc_mean": 0.4125, "gen/responses_per_prompt": 5.31,
                                      "stale/max": 2, "perf/gen_tokens_per_s": 8912.0,
