@@ -33,8 +33,11 @@ from tasks.verifier import Verifier
 
 class Rollouts:
     def __init__(self, engine: Engine, tokenizer, verifier: Verifier,
-                 abort_on_first_correct: bool = False):
+                 abort_on_first_correct: bool = False, every_verdict: bool = False):
         self.engine, self.tokenizer = engine, tokenizer
+        # run.deterministic: a step waits for every verdict outstanding, applied in request
+        # order, so what the next decode step admits does not follow the verifier's timing
+        self.every_verdict = every_verdict
         self.sched = RolloutScheduler(abort_on_first_correct)
         self.verify = VerifyQueue(verifier)
         self.held: list[SampleRequest] = []
@@ -58,14 +61,18 @@ class Rollouts:
 
     def step(self, wait_s: float = 0.0) -> list[PromptResult]:
         """One decode step if anything is decoding, then every verdict ready (waiting up to
-        `wait_s` for one when nothing decodes); returns the prompts whose groups completed."""
+        `wait_s` for one when nothing decodes; with `every_verdict`, for all outstanding);
+        returns the prompts whose groups completed."""
         if self.decoding:
             self.decode_steps += 1
             for f in self.engine.step(admit=not self.holding):
                 self._apply(self.sched.finished(f))
             self.busy_rows += self.engine.last_step_rows
         if self.verify.pending:
-            for rid, score in self.verify.results(0.0 if self.decoding else wait_s):
+            verdicts = (sorted(self.verify.every_result(), key=lambda v: v[0])
+                        if self.every_verdict else
+                        self.verify.results(0.0 if self.decoding else wait_s))
+            for rid, score in verdicts:
                 self._apply(self.sched.verified(rid, score))
         done, self._done = self._done, []
         return done

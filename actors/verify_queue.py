@@ -59,6 +59,14 @@ class VerifyQueue:
         self._pending -= len(out)
         return out
 
+    def every_result(self) -> list[tuple[Hashable, Score]]:
+        """Every verdict outstanding, waiting for the last (each within the verifier's own
+        timeout: a math-verify call that overruns is scored 0, never waited on longer)."""
+        out = []
+        while self._pending:
+            out += self.results(wait_s=1.0)
+        return out
+
     def _serve(self) -> None:
         try:
             while (item := self._todo.get()) is not _STOP:

@@ -149,7 +149,8 @@ def run_actor(cfg: Config, actor_id: int, seed: int = 0) -> int:
     tokenizer = load_tokenizer(cfg.model.path)
     engine = make_engine(cfg.actors.engine, cfg.model.path, **engine_kwargs(cfg, seed))
     verifier = Verifier(cfg.actors.verifier_timeout_s, reward=cfg.task.reward)
-    rollouts = Rollouts(engine, tokenizer, verifier, cfg.rollout.abort_on_first_correct)
+    rollouts = Rollouts(engine, tokenizer, verifier, cfg.rollout.abort_on_first_correct,
+                        every_verdict=cfg.run.deterministic)
     # the pid makes a restarted actor a new ZeroMQ peer (the learner then drops the old one)
     endpoint = ActorEndpoint(cfg.net.learner_host, cfg.net.zmq_port,
                              f"actor-{actor_id}-{os.getpid()}".encode(),

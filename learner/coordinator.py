@@ -233,6 +233,17 @@ class Coordinator:
             self.trained([g.group_id for g in taken])
         return taken
 
+    def take_in_handout_order(self, count: int, keep_pending: bool = False) -> list[Group]:
+        """`count` returned groups in the order their prompts were handed out, or none while
+        fewer are ready (run.deterministic: with several actors the arrival order follows their
+        timing, and so would the order the learner observes and trains them in)."""
+        if len(self.ready) < count:
+            return []
+        taken = self.in_handout_order(self.take(count, keep_pending=True))
+        if not keep_pending:
+            self.trained([g.group_id for g in taken])
+        return taken
+
     def in_handout_order(self, groups: list[Group]) -> list[Group]:
         """These groups, sorted by when their prompts were first handed out (a reissued prompt
         keeps its place). Pending ones only (taken with `keep_pending`, not trained yet) have a

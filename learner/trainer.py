@@ -255,10 +255,11 @@ class Learner:
         need, batch = c.rollout.prompts_per_step, self.gen_batch
         filtering = c.dapo.dynamic_sampling
         kept, dropped, generated, filtered, rounds = [], [], [], 0, 1
+        take = coord.take_in_handout_order if c.run.deterministic else coord.take
         t0 = time.time()
         while True:
             self._admit()
-            for g in coord.take(rounds * batch - len(generated), keep_pending=c.stale_inject > 0):
+            for g in take(rounds * batch - len(generated), keep_pending=c.stale_inject > 0):
                 self.algo.observe(g)
                 if is_stale(g, self.version, c.staleness_bound, c.stale_policy):
                     dropped.append(g)

@@ -102,8 +102,12 @@ class Config:
 
     @property
     def work_size(self) -> int:
-        """Prompts per work item in force: rollout.prompts_per_work, null = a whole step's."""
+        """Prompts per work item in force: rollout.prompts_per_work, null = a whole step's;
+        under run.deterministic an actor's share of a step's, so that no item arrives while an
+        actor decodes (when it would join its batch depends on timing)."""
         r = self.rollout
+        if self.run.deterministic:
+            return -(-r.prompts_per_step // max(self.actors.count, 1))
         return r.prompts_per_step if r.prompts_per_work is None else r.prompts_per_work
 
     @property

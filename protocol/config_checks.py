@@ -120,6 +120,11 @@ def value_problems(cfg: Config) -> list[str]:
         found.append(f"'run.eval_on' actors needs actors.engine hf, got {a.engine!r}: an actor "
                      "evaluates on a snapshot of the weights beside its training rows, and only "
                      "the HF engine's model can be copied so (use run.eval_on=learner)")
+    if run.deterministic and (cfg.mode != "sync" or a.engine != "hf" or run.eval_on != "learner"):
+        found.append(f"'run.deterministic' needs mode sync, actors.engine hf and run.eval_on "
+                     f"learner, got {cfg.mode}, {a.engine}, {run.eval_on}: an asynchronous "
+                     "schedule follows the processes' timing, vLLM schedules its own batches, and "
+                     "an evaluation on the actors draws from their sampler between training rows")
     for key in ("zmq_port", "weights_port", "master_port"):
         if not 0 <= getattr(cfg.net, key) <= 65535:
             found.append(f"'net.{key}' must be a port in 0..65535 (0 = pick one), got "

@@ -50,3 +50,14 @@ def by_level(response: str, answer: str, fields: dict) -> float:
     """The built-in boxed check, for a row that names its level (a KeyError without fields)."""
     level = fields["level"]
     return float(level >= 1 and response.strip() == f"\\boxed{{{answer}}}")
+
+
+def never(response: str, answer: str, fields: dict) -> float:
+    """Every response wrong, at once: each of AR3PO's stages runs."""
+    return 0.0
+
+
+def never_slowly(response: str, answer: str, fields: dict) -> float:
+    """Every response wrong, after 20 ms: verdicts come back decode steps later."""
+    time.sleep(0.02)
+    return 0.0

@@ -39,6 +39,8 @@ AT_RUN_TIME = {
                     "its_scores_and_survives_its_errors", "task.reward"),
     "run.steps": ("tests/test_e2e.py::test_sync_mode_is_exactly_on_policy", "run.steps"),
     "run.eval_every": ("tests/test_e2e.py::test_sync_mode_is_exactly_on_policy", "eval_every"),
+    "run.deterministic": ("tests/test_deterministic.py::test_a_sync_run_with_two_actors_"
+                          "repeats_bit_for_bit", "run.deterministic"),
     "run.eval_on": ("tests/test_actor_eval.py::test_actors_evaluate_what_the_learner_would_"
                     "answer_for_answer", "run.eval_on"),
     "run.checkpoint_every": ("tests/test_faults.py::test_a_learner_killed_mid_run_resumes_losing_"
