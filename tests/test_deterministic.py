@@ -1,4 +1,4 @@
-"""`run.deterministic`: a sync run repeats bit for bit from its seed. Without it the decode step
+"""`run.deterministic`: a sync run repeats from its seed. Without it the decode step
 at which a verdict's consequence (AR3PO's next stage) joins the actor's batch follows the
 verifier's timing, the actor's one sampler then draws differently for every later row, and a
 step's groups reach the learner in the order several actors happen to finish them."""
