@@ -9,7 +9,6 @@ the actor allocates the work item's budget by hit utility (docs/ALGORITHMS.md 7.
 
 from __future__ import annotations
 
-import math
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -150,5 +149,4 @@ class PromptSource:
 
 def generation_batch(cfg: Config) -> int:
     """Groups generated per round: a step's prompts, or DAPO's generation batch."""
-    need = cfg.rollout.prompts_per_step
-    return math.ceil(cfg.dapo.gen_batch_factor * need) if cfg.dapo.dynamic_sampling else need
+    return cfg.generation_batch

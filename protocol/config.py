@@ -10,6 +10,8 @@ and is the only thing the learner and actor processes read.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -107,8 +109,14 @@ class Config:
         actor decodes (when it would join its batch depends on timing)."""
         r = self.rollout
         if self.run.deterministic:
-            return -(-r.prompts_per_step // max(self.actors.count, 1))
+            return -(-self.generation_batch // max(self.actors.count, 1))
         return r.prompts_per_step if r.prompts_per_work is None else r.prompts_per_work
+
+    @property
+    def generation_batch(self) -> int:
+        """Groups generated per round: a step's prompts, or DAPO's generation batch."""
+        need = self.rollout.prompts_per_step
+        return math.ceil(self.dapo.gen_batch_factor * need) if self.dapo.dynamic_sampling else need
 
     @property
     def weight_backend(self) -> str:
