@@ -106,7 +106,8 @@ def inert_keys(cfg: Config) -> list[tuple[str, str]]:
     if cfg.run.deterministic and r.prompts_per_work != RolloutConfig.prompts_per_work:
         found.append(("rollout.prompts_per_work", f"'rollout.prompts_per_work' "
                       f"({r.prompts_per_work}) does nothing under run.deterministic: each actor "
-                      f"takes its share of a step in one work item ({cfg.work_size} prompts)"))
+                      "takes its share of a generation round in one work item "
+                      f"({cfg.work_size} prompts)"))
     if r.group_size != RolloutConfig.group_size and r.policy in ("stop_on_correct", "aero"):
         spends = "ar3po.stage_sizes" if r.policy == "stop_on_correct" else "aero.n_*"
         found.append(("rollout.group_size", f"'rollout.group_size' ({r.group_size}) is unused by "

@@ -79,7 +79,7 @@ REFUSED = [
      "'run.deterministic' needs mode sync, actors.engine hf and run.eval_on learner, got async"),
     (["run.deterministic=true", "mode=sync", "rollout.prompts_per_work=4"],
      r"'rollout.prompts_per_work' \(4\) does nothing under run.deterministic: each actor takes "
-     r"its share of a step in one work item \(32 prompts\)"),
+     r"its share of a generation round in one work item \(32 prompts\)"),
     (["run.checkpoint_every=-1"], "'run.checkpoint_every' must be >= 0"),
     (["run.keep_checkpoints=0"], "'run.keep_checkpoints' must be > 0"),
     (["task.eval_samples=0"], "'task.eval_samples' must be > 0"),
