@@ -9,7 +9,6 @@ the actor allocates the work item's budget by hit utility (docs/ALGORITHMS.md 7.
 
 from __future__ import annotations
 
-
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
@@ -146,7 +145,3 @@ class PromptSource:
         return msgspec.structs.replace(p, n=self.n, prior_correct=float(c),
                                        prior_incorrect=float(f))
 
-
-def generation_batch(cfg: Config) -> int:
-    """Groups generated per round: a step's prompts, or DAPO's generation batch."""
-    return cfg.generation_batch

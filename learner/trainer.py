@@ -30,7 +30,7 @@ from learner.actor_eval import ActorEvals
 from learner.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from learner.coordinator import Coordinator
 from learner.algorithms import AlgorithmState, build_step
-from learner.data import PromptSource, PromptStream, generation_batch, held_out, rollout_spec
+from learner.data import PromptSource, PromptStream, held_out, rollout_spec
 from learner.delay_line import DelayLine, GatheredStep
 from learner.engine import build_engine, build_reference, init_learner_distributed, publish_weights
 from learner.goldens import Goldens
@@ -106,7 +106,7 @@ class Learner:
         self.eval_problems = held_out(cfg)
         self.verifier = Verifier(cfg.actors.verifier_timeout_s, reward=cfg.task.reward)
         # groups admitted per policy version: one step's prompts, or DAPO's generation batch
-        G = self.gen_batch = generation_batch(cfg)
+        G = self.gen_batch = cfg.generation_batch
         self.coord = Coordinator(self.endpoint,
                                  PromptSource(cfg, self.prompts, self.algo.prompt_counts),
                                  rollout_spec(cfg), G, cfg.work_size,

@@ -25,8 +25,9 @@ class RunConfig:
     """Seed for data order, sampling and initialisation."""
     deterministic: bool = False
     """Take timing out of a run's schedule, so that it repeats from its seed (mode sync, HF
-    engine, learner evaluation): each actor takes one work item a step, collects every verdict
-    before its next decode step, and the learner trains a step's groups in hand-out order.
+    engine, learner evaluation): each actor takes one work item a generation round, collects
+    every verdict before its next decode step, and the learner trains a step's groups in
+    hand-out order.
     Without it the decode step at which an AR3PO second stage (or any verdict) joins the batch
     follows the verifier's timing, and with it every later draw of the actor's sampler; such
     runs part within a few steps. It costs the time the actor waits for verdicts (`rlvr bench`

@@ -79,10 +79,9 @@ def test_a_sync_run_with_two_actors_repeats_bit_for_bit(tmp_path, tiny_model):
 def test_each_actor_takes_its_share_of_a_dapo_round_in_one_work_item(actors, per_actor):
     # DAPO generates 3x a step's prompts a round: an item of a step's prompts would leave two
     # more to arrive while the actor decodes, joining its batch when the sockets deliver them
-    from learner.data import generation_batch
     from protocol.config import load_config
 
     cfg = load_config(TINY, ["algorithm=dapo", "mode=sync", "run.deterministic=true",
                              f"actors.count={actors}"])
-    assert generation_batch(cfg) == 96
+    assert cfg.generation_batch == 96
     assert cfg.work_size == per_actor

@@ -187,8 +187,7 @@ def task_files(tmp_path_factory) -> list[str]:
 def fingerprint(cfg: Config) -> dict[str, str]:
     """What the run derives from `cfg` before any process starts, part by part."""
     from actors.worker import engine_kwargs
-    from learner.data import (PromptStream, generation_batch, held_out, responses_cap,
-                              rollout_spec)
+    from learner.data import PromptStream, held_out, responses_cap, rollout_spec
     from learner.engine import adamw_kwargs, deepspeed_config
     from learner.update import UpdateSpec
     from rlvr.warm_start import warm_start_key
@@ -198,7 +197,7 @@ def fingerprint(cfg: Config) -> dict[str, str]:
     parts = {
         "update": lambda: probe_update(cfg),
         "optimizer": lambda: (adamw_kwargs(cfg), deepspeed_config(cfg)),
-        "rollout": lambda: (rollout_spec(cfg), responses_cap(cfg), generation_batch(cfg)),
+        "rollout": lambda: (rollout_spec(cfg), responses_cap(cfg), cfg.generation_batch),
         "engine": lambda: engine_kwargs(cfg, 0),
         "warm_start": lambda: warm_start_key(cfg),
         "held_out": lambda: [(p.question, p.answer) for p in held_out(cfg)],
