@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +25,8 @@ from tests.conftest import TINY, run_rlvr
 
 UPDATE, BROADCAST, REST, WAIT = 0.08, 0.005, 0.02, 0.2
 PROBE = {"step_s": 0.004, "row_s": 5e-5, "col_s": 1e-6, "prefill_s": 0.0, "prefill_row_s": 4e-4,
-         "prefill_col_s": 2e-6, "prefill_sq_s": 1e-8, "prompt_tokens": 12.0, "prompt_width": 20.0,
+         "prefill_col_s": 2e-6, "prefill_sq_s": 1e-8, "prefill_tokens_sq_s": 1e-12,
+         "prompt_tokens": 12.0, "prompt_width": 20.0,
          "max_batch": 512, "kv_slots": True}
 LENGTHS = [3, 3.5, 4, 4.5, 5, 5.5, 6, 6.5, 7, 7.5, 8]
 
@@ -105,9 +107,11 @@ def test_measure_reads_the_learner_costs_and_calibrates_the_actor_on_the_sync_ru
     # the probe's costs plus the calibrated loop overhead replay the run's wait per step
     assert m.overhead_s > 0 and m.decode.step_s == pytest.approx(PROBE["step_s"] + m.overhead_s)
     assert (m.decode.row_s, m.decode.prefill_row_s) == (PROBE["row_s"], PROBE["prefill_row_s"])
-    assert (m.decode.col_s, m.decode.prefill_col_s, m.decode.prefill_sq_s, m.decode.prompt_tokens,
+    assert (m.decode.col_s, m.decode.prefill_col_s, m.decode.prefill_sq_s,
+            m.decode.prefill_tokens_sq_s, m.decode.prompt_tokens,
             m.decode.prompt_width) == (PROBE["col_s"], PROBE["prefill_col_s"],
-                                       PROBE["prefill_sq_s"], PROBE["prompt_tokens"],
+                                       PROBE["prefill_sq_s"], PROBE["prefill_tokens_sq_s"],
+                                       PROBE["prompt_tokens"],
                                        PROBE["prompt_width"]) and m.decode.kv_slots
     replay = simulate(Split(1), m.workload, m.learner, m.generation, m.decode, steps=100, seed=1)
     assert replay.gather_s_per_step == pytest.approx(WAIT, rel=0.03)
@@ -143,6 +147,11 @@ def test_a_probe_without_the_context_costs_is_refused_not_read_as_free_context(t
     old = {k: v for k, v in PROBE.items() if k not in ("col_s", "prefill_col_s")}
     run = write_sync_run(tmp_path / "run", probe=old)
     with pytest.raises(ValueError, match="decode_cost.json.*no col_s, prefill_col_s.*delete it"):
+        measure(run)
+    # one from before the tokens-squared term: its prefill was fitted on seconds, 27% dear
+    old = {k: v for k, v in PROBE.items() if k != "prefill_tokens_sq_s"}
+    run = write_sync_run(tmp_path / "run2", probe=old)
+    with pytest.raises(ValueError, match="decode_cost.json.*no prefill_tokens_sq_s.*delete it"):
         measure(run)
 
 
@@ -297,6 +306,36 @@ def test_the_probes_fit_recovers_nonnegative_costs_and_clamps_a_falling_one(coef
     falling = [t - (coef[2] + 2e-6) * row[2] for t, row in zip(y, x)]
     fit = fit_nonnegative(x, falling)
     assert fit[2] == 0 and min(fit) >= 0
+
+
+def test_the_prefill_fitted_on_the_probe_prices_a_recompute_runs_prefills():
+    """Measured on the long-tail task (tests/data/longtail_prefills.json): the probe's prefills
+    span 2 ms to 16 s; a `recompute` run's are mostly re-prefills of 150-250 rows, 150-255
+    columns wide. Fitted on seconds, the prefill model took its costs from the widest 512-row
+    points and priced the run's prefills 27% too dear (the plan then predicted that run 17%
+    slower than it went); fitted on relative error, with the pass's tokens squared, within 15%."""
+    from rlvr.plan.decode_probe import PREFILL_KEYS, fit_prefill, prefill_terms
+
+    data = json.loads((Path(__file__).parent / "data" / "longtail_prefills.json").read_text())
+    fit = fit_prefill(data["probe"])
+    assert set(fit) == set(PREFILL_KEYS) and min(fit.values()) >= 0
+
+    def priced(points):
+        return sum(sum(fit[k] * v for k, v in zip(PREFILL_KEYS, prefill_terms(n, w)))
+                   for n, w, _ in points) / sum(t for *_, t in points)
+
+    run = data["recompute_run"]
+    assert 0.85 <= priced(run) <= 1.15
+    assert 0.85 <= priced([p for p in run if p[0] >= 150]) <= 1.15  # the re-prefills alone
+    # and the probe's own points, each within a factor of 2 (the absolute fit: 0.09 to 2.41)
+    assert all(0.5 <= priced([p]) <= 2.0 for p in data["probe"] if p[0] >= 16)
+
+
+def test_the_prefill_fit_refuses_points_with_no_time():
+    from rlvr.plan.decode_probe import fit_prefill
+
+    with pytest.raises(ValueError, match="no prefill timed"):
+        fit_prefill([(8, 20, 0.0)])
 
 
 def test_a_prompt_is_drawn_whole_from_the_runs_groups_its_answers_long_or_short_together():

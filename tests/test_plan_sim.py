@@ -75,15 +75,16 @@ def test_starting_requests_costs_their_prefill_once():
     assert r.gather_s_per_step == pytest.approx(0.002 + 32 * 0.001)
 
 
-@given(costs=st.lists(st.floats(0.0, 1.0), min_size=7, max_size=7), k=st.floats(0.01, 10.0),
+@given(costs=st.lists(st.floats(0.0, 1.0), min_size=8, max_size=8), k=st.floats(0.01, 10.0),
        rows=st.integers(1, 512), width=st.floats(0.0, 400.0))
 def test_a_scaled_engine_costs_k_times_as_much_for_every_step_and_keeps_its_shape(costs, k, rows,
                                                                                   width):
     """The planner's calibration scales a probe measured on a busier machine: every cost term of
     a decode step and of a prefill, none left at its measured value."""
-    step_s, row_s, col_s, prefill_s, prefill_row_s, prefill_col_s, prefill_sq_s = costs
+    step_s, row_s, col_s, prefill_s, prefill_row_s, prefill_col_s, prefill_sq_s, tokens_sq = costs
     cost = DecodeCost(step_s, row_s, prefill_s, prefill_row_s, max_batch=64, col_s=col_s,
-                      prefill_col_s=prefill_col_s, prefill_sq_s=prefill_sq_s, prompt_tokens=17.0,
+                      prefill_col_s=prefill_col_s, prefill_sq_s=prefill_sq_s,
+                      prefill_tokens_sq_s=tokens_sq * 1e-9, prompt_tokens=17.0,
                       prompt_width=52.0, kv_slots=True)
     scaled = cost.scaled(k)
     assert scaled.decode(rows, rows * width) == pytest.approx(k * cost.decode(rows, rows * width))
@@ -217,7 +218,8 @@ costs = st.builds(LearnerCosts, fixed_s=st.floats(0, 0.05), update_s=st.floats(0
 decodes = st.builds(DecodeCost, step_s=st.floats(0, 0.02), row_s=st.floats(0, 0.002),
                     prefill_row_s=st.floats(0, 0.002), max_batch=st.sampled_from([4, 64, 512]),
                     col_s=st.floats(0, 1e-5), prefill_col_s=st.floats(0, 1e-5),
-                    prefill_sq_s=st.floats(0, 1e-7), prompt_width=st.floats(0, 60),
+                    prefill_sq_s=st.floats(0, 1e-7), prefill_tokens_sq_s=st.floats(0, 1e-9),
+                    prompt_width=st.floats(0, 60),
                     prompt_tokens=st.floats(0, 60), kv_slots=st.booleans())
 lengths = st.tuples(st.integers(1, 4), st.integers(4, 30))
 

@@ -18,11 +18,18 @@ again), prefilled and decoded a few steps. Least squares with no negative cost, 
 
     decode step = step_s + row_s x rows + col_s x rows x (prompt + tokens decoded)
     prefill     = prefill_s + rows x (prefill_row_s + prefill_col_s x W + prefill_sq_s x W^2)
+                  + prefill_tokens_sq_s x (rows x W)^2
 
 with W the prefill's width: the HF engine pads its rows to the longest (a fresh one's longest
 prompt, `prompt_width`; under `recompute` prompt + partial answer), vLLM packs them (W their
-mean). The square is attention within the
-prefill: on the long-tail task a row of 300 columns costs 9x one of 52, not 6x.
+mean). W^2 is attention within the prefill: on the long-tail task a row of 300 columns costs 9x
+one of 52, not 6x. (rows x W)^2 is a pass outgrowing the caches, each token dearer the more the
+pass holds: 512 rows cost 2.3-3.5x what 256 rows of the same width do there.
+
+The prefill is fitted on relative error (`fit_prefill`): its points span four decades (a row of
+a prompt, 2 ms; 512 rows of 300 columns, 16 s), and least squares on seconds fits the widest
+few and misses the middle by 30-60%, where a run's re-prefills of 150-250 rows lie
+(BENCHMARKS.md, "Long tail").
 
 The simulator's `DecodeCost` takes them (rlvr/plan/stream_actor.py); `rlvr plan` adds the actor
 loop's own time per step (messages, the verifier), calibrated on the measured run. Whatever else
@@ -41,7 +48,9 @@ import numpy as np
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 PROBE_KEYS = ("step_s", "row_s", "col_s", "prefill_s", "prefill_row_s", "prefill_col_s",
-              "prefill_sq_s", "prompt_tokens", "prompt_width")
+              "prefill_sq_s", "prefill_tokens_sq_s", "prompt_tokens", "prompt_width")
+PREFILL_KEYS = ("prefill_s", "prefill_row_s", "prefill_col_s", "prefill_sq_s",
+                "prefill_tokens_sq_s")
 
 
 def fit_nonnegative(x: list[list[float]], y: list[float]) -> list[float]:
@@ -49,6 +58,10 @@ def fit_nonnegative(x: list[list[float]], y: list[float]) -> list[float]:
     the subsets of columns whose own fit has no negative coefficient (a cost no measurement
     shows growing is taken as flat, not as negative)."""
     a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    # each column at unit norm: the prefill's span 1 to (rows x width)^2 ~ 1e10
+    norm = np.linalg.norm(a, axis=0)
+    norm[norm == 0] = 1.0
+    a = a / norm
     best, best_err = [0.0] * a.shape[1], float(np.sum(b * b))
     for mask in range(1, 1 << a.shape[1]):
         cols = [j for j in range(a.shape[1]) if mask >> j & 1]
@@ -59,16 +72,32 @@ def fit_nonnegative(x: list[list[float]], y: list[float]) -> list[float]:
         if err < best_err:
             best, best_err = [0.0] * a.shape[1], err
             for j, c in zip(cols, coef):
-                best[j] = float(c)
+                best[j] = float(c / norm[j])
     return best
 
 
+def prefill_terms(rows: float, width: float) -> list[float]:
+    """What each of PREFILL_KEYS is paid per: a prefill, its rows, row-columns, row-columns
+    squared, and its tokens squared."""
+    return [1.0, rows, rows * width, rows * width * width, (rows * width) ** 2]
+
+
+def fit_prefill(points: list[tuple[float, float, float]]) -> dict[str, float]:
+    """PREFILL_KEYS from (rows, width, seconds) points, on relative error: each point's
+    equation divided by its seconds, so a 2 ms prefill counts as much as a 16 s one."""
+    timed = [(n, w, t) for n, w, t in points if t > 0]
+    if not timed:
+        raise ValueError("no prefill timed above 0 s: nothing to fit")
+    coef = fit_nonnegative([[v / t for v in prefill_terms(n, w)] for n, w, t in timed],
+                           [1.0] * len(timed))
+    return dict(zip(PREFILL_KEYS, coef))
+
+
 def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
-    """{"step_s", "row_s", "col_s", "prefill_s", "prefill_row_s", "prefill_col_s",
-    "prefill_sq_s", "prompt_tokens", "prompt_width", "max_batch", "engine", "kv_slots",
-    "decode_points", "prefill_points", "prefill_steps"} for the run's engine (seconds; points as
-    [rows, columns, seconds]: the columns a decode step attends over, rows x context; a
-    prefill's width; the engine steps each prefill took)."""
+    """{"step_s", "row_s", "col_s", PREFILL_KEYS, "prompt_tokens", "prompt_width", "max_batch",
+    "engine", "kv_slots", "decode_points", "prefill_points", "prefill_steps"} for the run's
+    engine (seconds; points as [rows, columns, seconds]: the columns a decode step attends over,
+    rows x context; a prefill's width; the engine steps each prefill took)."""
     import torch
     from tasks.tiny_model import load_tokenizer
 
@@ -146,11 +175,7 @@ def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
         engine.close()
     step_s, row_s, col_s = fit_nonnegative([[1.0, n, c] for n, c, _ in decode],
                                            [t for *_, t in decode])
-    prefill_s, prefill_row_s, prefill_col_s, prefill_sq_s = fit_nonnegative(
-        [[1.0, n, n * w, n * w * w] for n, w, _ in prefill], [t for *_, t in prefill])
-    out = {"step_s": step_s, "row_s": row_s, "col_s": col_s, "prefill_s": prefill_s,
-           "prefill_row_s": prefill_row_s, "prefill_col_s": prefill_col_s,
-           "prefill_sq_s": prefill_sq_s,
+    out = {"step_s": step_s, "row_s": row_s, "col_s": col_s, **fit_prefill(prefill),
            "prompt_tokens": float(np.mean([len(p) for p in prompts])),
            "prompt_width": float(max(len(p) for p in prompts)),
            "max_batch": top, "engine": cfg.actors.engine,

@@ -153,7 +153,9 @@ def measure(run_dir: str | Path, skip_first: int | None = None,
     decode = DecodeCost(probe["step_s"], probe["row_s"], probe["prefill_s"],
                         probe["prefill_row_s"], int(probe.get("max_batch", cfg.actors.max_batch)),
                         col_s=probe["col_s"], prefill_col_s=probe["prefill_col_s"],
-                        prefill_sq_s=probe["prefill_sq_s"], prompt_tokens=probe["prompt_tokens"],
+                        prefill_sq_s=probe["prefill_sq_s"],
+                        prefill_tokens_sq_s=probe["prefill_tokens_sq_s"],
+                        prompt_tokens=probe["prompt_tokens"],
                         prompt_width=probe["prompt_width"],
                         kv_slots=bool(probe.get("kv_slots", cfg.actors.engine == "hf")))
     split = Split(cfg.actors.count, cfg.learner.ranks, 0)

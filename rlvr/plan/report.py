@@ -106,8 +106,9 @@ def decode_line(c: dict) -> str:
             f"{1000 * c['decode_overhead_s']:.2f} ms the actor loop's own, calibrated), a "
             f"request's start {1000 * d['prefill_row_s']:.3f} ms + {1e6 * d['prefill_col_s']:.3f} "
             f"us per column of its width + {1e9 * d['prefill_sq_s']:.3f} ns per column squared "
-            f"(a fresh one {d['prompt_width']:.0f} columns wide) + {1000 * d['prefill_s']:.2f} ms "
-            "per step that starts some")
+            f"(a fresh one {d['prompt_width']:.0f} columns wide), "
+            f"+ {1e12 * d['prefill_tokens_sq_s']:.3f} ps per (rows x width)^2 of the prefill, "
+            f"+ {1000 * d['prefill_s']:.2f} ms per step that starts some")
 
 
 def recommend(rows: list[dict], gpus: int | None = None) -> dict[int, dict]:

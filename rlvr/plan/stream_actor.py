@@ -24,8 +24,8 @@ slot in use attends over one window as wide as the longest context among them, a
 slot is computed on until half of them are free (then the live ones move to the front), unless
 it is the last in use (given up at once); a new row takes the lowest free slot. A
 prefill costs per row, by its width (prompt, and under `recompute` the partial answer; the HF
-engine pads its rows to the longest, vLLM packs them: their mean) and by the width's square
-(attention within it).
+engine pads its rows to the longest, vLLM packs them: their mean), by the width's square
+(attention within it) and by the prefill's tokens squared (a pass outgrowing the caches).
 
 Time: the actor keeps its own count of decode steps; between two events (a request ends, work
 arrives, a sync) every running request advances by the same number of steps, so the simulator
@@ -62,6 +62,9 @@ class DecodeCost:
     vLLM's packed: their mean)."""
     prefill_sq_s: float = 0.0
     """Per row of a prefill per column squared (attention within the prefill)."""
+    prefill_tokens_sq_s: float = 0.0
+    """Per token of a prefill squared, (rows x width)^2: a pass that outgrows the caches pays
+    more for each token the more it holds."""
     prompt_tokens: float = 0.0
     """A request's prompt (tokens, the mean), where its plan does not say (PromptPlan.prompt)."""
     prompt_width: float = 0.0
@@ -83,8 +86,9 @@ class DecodeCost:
         """`rows` started in one step, padded to `width` tokens (the longest among them)."""
         if not rows:
             return 0.0
-        return self.prefill_s + rows * (self.prefill_row_s + self.prefill_col_s * width
-                                        + self.prefill_sq_s * width * width)
+        return (self.prefill_s + rows * (self.prefill_row_s + self.prefill_col_s * width
+                                         + self.prefill_sq_s * width * width)
+                + self.prefill_tokens_sq_s * (rows * width) ** 2)
 
 
 @dataclass(frozen=True)
