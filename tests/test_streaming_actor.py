@@ -192,7 +192,8 @@ def test_siblings_of_a_first_correct_answer_stop_and_are_counted(abort_on_first_
     # the engine has 6 rows: a prompt's last 2 samples start when its first 6 are done, and a
     # correct answer among those stops them once its verdict is in. The answers are 2-3 tokens,
     # so whether the verdict beats them depends on how fast the verifier's process is scheduled:
-    # prompts go one at a time (each has the rows alone) until one group shows the stop
+    # prompts go one at a time (each has the rows alone) until one group shows the stop. Switched
+    # off, the same 16 prompts run whole: as many chances to stop as the switched-on case needs
     tok = AutoTokenizer.from_pretrained(tiny_model)
     learner = FakeLearner(tmp_path, tiny_model, "actors.max_batch=6",
                           f"rollout.abort_on_first_correct={abort_on_first_correct}")
@@ -201,7 +202,7 @@ def test_siblings_of_a_first_correct_answer_stop_and_are_counted(abort_on_first_
     try:
         learner.sync(AutoModelForCausalLM.from_pretrained(tiny_model), 0)
         spec = RolloutSpec(strategy="stop_on_correct", max_new_tokens=16, stage_sizes=[8])
-        for i, (q, answer) in enumerate(questions[:16 if abort_on_first_correct else 3]):
+        for i, (q, answer) in enumerate(questions):
             learner.work([prompt(i, prompt_token_ids(tok, q), answer=answer)], spec)
             groups += learner.groups(1)
             if abort_on_first_correct and groups[-1].aborted_samples:
@@ -209,7 +210,10 @@ def test_siblings_of_a_first_correct_answer_stop_and_are_counted(abort_on_first_
     finally:
         learner.close()
     if not abort_on_first_correct:
+        assert len(groups) == 16
         assert all(len(g.samples) == 8 and g.aborted_samples == 0 for g in groups)
+        # there was something to stop: a correct answer among the first 6 samples
+        assert any(any(s.acc for s in g.samples[:6]) for g in groups)
         return
     aborted = [g for g in groups if g.aborted_samples]
     assert aborted, [[s.acc for s in g.samples] for g in groups]
