@@ -34,7 +34,7 @@ from learner.batch import Row, on_responses, pack, tokens
 from learner.logprobs import model_device, token_logp
 from learner.losses import (aggregate, behaviour_weights, gcpo_loss, kl_penalty, m2po_token_loss,
                             ppo_token_loss, veto_mask)
-from protocol.config import LossConfig
+from protocol.config import LossConfig, MuGRPOConfig
 
 if TYPE_CHECKING:
     from learner.update import UpdateSpec
@@ -90,7 +90,7 @@ def ratio_terms(prox: torch.Tensor, behav: torch.Tensor, recomputed: torch.Tenso
             return old, torch.where(fresh, w, ones), keep | ~fresh, truncated & fresh
 
 
-def loss_masks(current, prox, packed, rows_k, loss_cfg, veto):
+def loss_masks(current, prox, packed, rows_k, loss_cfg: LossConfig, veto: MuGRPOConfig | None):
     """Ratio terms and the loss mask of one micro-batch, veto applied; plus the veto tensors.
     current: this forward's log-probs, detached; prox: the proximal ones (B, T)."""
     kinds = [r.reuse if isinstance(r, LossRow) else "" for r in rows_k]
