@@ -203,6 +203,7 @@ def test_a_sync_during_the_evaluation_does_not_reach_it(tiny_model):
             ev = ActorEval(work, engine, tokenizer, verifier)
             ev.step()
             ev.step()
+            assert not ev.done  # the weights change while the evaluation still decodes
             if perturb:
                 with torch.no_grad():
                     for p in engine.model.parameters():

@@ -106,7 +106,7 @@ def test_a_larger_bound_batches_more_requests_and_goes_faster():
     assert stale == [1, 2, 4]
 
 
-def test_a_sync_waits_for_the_requests_running_and_starts_no_new_ones():
+def test_a_sync_waits_for_the_requests_running():
     slow = fixed_prompts(length=41)  # 40 decode steps
     r = simulate(Split(1, max_staleness=2), WORK, COSTS, slow, DecodeCost(step_s=0.005),
                  steps=100)
