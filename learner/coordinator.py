@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from learner.data import PromptSource, rollout_spec
 from learner.staleness import may_admit
+from protocol.config import Config
 from protocol.messages import (PROTOCOL_VERSION, EvalResult, Group, Heartbeat, Hello, Prompt,
                                RolloutSpec, Shutdown, SyncWeights, Work)
 from protocol.transport import LearnerEndpoint, PeerGone, TransportError
@@ -51,6 +53,17 @@ class ActorState:
     last_seen: float
     inflight: dict[str, Prompt] = field(default_factory=dict)  # group_id -> prompt handed out
     rank: int = 0  # rank in the current weight group; 0 = not a member yet (no weights)
+
+
+def run_coordinator(cfg: Config, endpoint: LearnerEndpoint, prompts: Iterator[Prompt], counts,
+                    version: int = 0) -> Coordinator:
+    """The coordinator of a run of `cfg` at policy `version`: `prompts` sized by the rollout
+    policy (and, for HORA, given their `counts` at hand-out), a generation batch of groups
+    admitted per version in work items of `cfg.work_size`, within the admitted staleness; the
+    slots of `version` generation batches taken (a resumed run's)."""
+    batch = cfg.generation_batch
+    return Coordinator(endpoint, PromptSource(cfg, prompts, counts), rollout_spec(cfg), batch,
+                       cfg.work_size, cfg.admitted_staleness, slots_taken=version * batch)
 
 
 class Coordinator:

@@ -130,12 +130,13 @@ def build_reference(cfg: Config):
     return engine  # its forward hooks gather the shards; learner/logprobs.py unwraps .module
 
 
-def publish_weights(engine, weights, bucket_bytes: int) -> None:
+def publish_weights(engine, weights, bucket_bytes: int) -> tuple[int, int]:
     """Broadcast the full parameters to the actors; under ZeRO-3 each bucket is gathered from
-    its shards just before it is sent, so the full model never sits in memory at once."""
+    its shards just before it is sent, so the full model never sits in memory at once. Returns
+    the buckets and bytes sent."""
     import deepspeed
 
     gather = None
     if engine.zero_optimization_stage() == 3:
         gather = lambda params: deepspeed.zero.GatheredParameters(params)  # noqa: E731
-    weights.send(engine.module.named_parameters(), bucket_bytes, gather=gather)
+    return weights.send(engine.module.named_parameters(), bucket_bytes, gather=gather)

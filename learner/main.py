@@ -60,12 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGUSR1, lambda *_: notices.append(1))
     from learner.engine import leave_distributed
     from learner.trainer import Learner, Preempted  # heavy imports after argument errors
+    from protocol.keys import KeysError
     from protocol.transport import CannotListen
 
     try:
         learner = Learner(cfg, args.run_dir, args.resume)
-    except CannotListen as e:  # the user's to fix: one line naming the key, not a traceback
-        logging.getLogger("learner").error("%s", e.advice())
+    except (CannotListen, KeysError) as e:  # the user's to fix: one line naming the key
+        advice = e.advice() if isinstance(e, CannotListen) else f"net.curve_dir: {e}"
+        logging.getLogger("learner").error("%s", advice)
         leave_distributed()
         return 1
     signal.signal(signal.SIGUSR1, lambda *_: learner.request_preemption())

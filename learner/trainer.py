@@ -28,9 +28,9 @@ from tasks.tiny_model import load_tokenizer
 
 from learner.actor_eval import ActorEvals
 from learner.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from learner.coordinator import Coordinator
+from learner.coordinator import run_coordinator
 from learner.algorithms import AlgorithmState, build_step
-from learner.data import PromptSource, PromptStream, held_out, rollout_spec
+from learner.data import PromptStream, held_out, rollout_spec
 from learner.delay_line import DelayLine, GatheredStep
 from learner.engine import build_engine, build_reference, init_learner_distributed, publish_weights
 from learner.goldens import Goldens
@@ -106,11 +106,9 @@ class Learner:
         self.eval_problems = held_out(cfg)
         self.verifier = Verifier(cfg.actors.verifier_timeout_s, reward=cfg.task.reward)
         # groups admitted per policy version: one step's prompts, or DAPO's generation batch
-        G = self.gen_batch = cfg.generation_batch
-        self.coord = Coordinator(self.endpoint,
-                                 PromptSource(cfg, self.prompts, self.algo.prompt_counts),
-                                 rollout_spec(cfg), G, cfg.work_size,
-                                 cfg.admitted_staleness, slots_taken=self.version * G)
+        self.gen_batch = cfg.generation_batch
+        self.coord = run_coordinator(cfg, self.endpoint, self.prompts, self.algo.prompt_counts,
+                                     self.version)
         if coordinator_state is not None:  # the prompts handed out and not trained go first
             self.coord.load_state_dict(coordinator_state)
         self.stage_end = self.stage_version = self.stage_start = self.step  # mode=staged
@@ -123,6 +121,7 @@ class Learner:
         self.engine_loads: dict = {}  # actor id -> its engine's newest counters (gen/engine_fill)
         self.weights: WeightGroup | None = None
         self.sync_waits: list[float] = []  # learner waits of the syncs since the last step logged
+        self.sync_sent = (0, 0)  # the last sync's buckets and bytes (weight_sync.bucket_mb)
         self._no_actors_since: float | None = None
         self.goldens = Goldens(self.prompts, self.verifier, self.tokenizer)  # GCPO
         self.actor_evals = None
@@ -188,7 +187,7 @@ class Learner:
                                               len(coord.members) + 1, c.weight_sync.timeout_s,
                                               c.weight_backend, epoch=coord.epoch,
                                               store=self.weight_store)
-        publish_weights(self.engine, self.weights, c.weight_sync.bucket_mb << 20)
+        self.sync_sent = publish_weights(self.engine, self.weights, c.weight_sync.bucket_mb << 20)
         self.actors_version = self.version
         self.sync_waits.append(time.time() - t0)
 
@@ -341,6 +340,7 @@ class Learner:
             self.version += 1
             if self._publishes():
                 metrics["timing/sync"] = self._publish_weights()
+                metrics["sync/buckets"], metrics["sync/bytes"] = self.sync_sent
             if self.sync_waits:  # the learner's wait in the broadcasts this step (one per sync)
                 metrics["sync/learner_wait_s"] = sum(self.sync_waits) / len(self.sync_waits)
                 metrics["sync/count"] = len(self.sync_waits)

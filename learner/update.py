@@ -202,6 +202,8 @@ def policy_update(engine, rows: list[Row], spec: UpdateSpec, pad_id: int,
     metrics = _metrics(sums, norms, len([i for s in passes[0] for b in s.pg for i in b]), rows,
                        contrasts, engine, spec, pad_id, compute_s, timing)
     metrics["optim/lr"] = lr
+    # forward/backward passes this rank ran (learner.micro_batch, max_tokens_per_micro_batch)
+    metrics["train/micro_batches"] = sum(s.passes for steps in passes for s in steps)
     metrics.update(optimizer_step_staleness(rows, spec, step, passes))
     if spec.mini_batches > 1:  # by optimizer step, pass after pass: where the clip acts
         clipped, toks = reduced[len(_SUM_KEYS)::2], reduced[len(_SUM_KEYS) + 1::2]

@@ -13,6 +13,7 @@ Run the tests with: .venv/bin/python -m pytest tests/test_config_checks.py
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the schema imports this module
@@ -93,6 +94,11 @@ def value_problems(cfg: Config) -> list[str]:
     if cfg.model.heads > 0 and cfg.model.hidden % cfg.model.heads:
         found.append(f"'model.hidden' ({cfg.model.hidden}) must be a multiple of 'model.heads' "
                      f"({cfg.model.heads})")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", cfg.model.device):
+        found.append(f"'model.device' must be cpu, cuda or cuda:N, got {cfg.model.device!r}")
+    if ws.backend == "nccl" and not cfg.model.device.startswith("cuda"):
+        found.append("'weight_sync.backend' nccl needs the model on CUDA (model.device cuda), "
+                     f"got {cfg.model.device!r}: NCCL broadcasts between GPUs")
     if not 0 <= cfg.optim.zero_stage <= 3:
         found.append(f"'optim.zero_stage' must be 0, 1, 2 or 3, got {cfg.optim.zero_stage}")
     if not cfg.model.path and cfg.model.max_positions <= r.max_new_tokens:

@@ -114,8 +114,9 @@ class WeightGroup:
         named_tensors: Iterable[tuple[str, torch.Tensor]],
         bucket_bytes: int = BUCKET_BYTES,
         gather: Callable[[list[torch.Tensor]], ContextManager] | None = None,
-    ) -> None:
-        """Rank 0: broadcast these tensors (e.g. `model.named_parameters()`) to every actor.
+    ) -> tuple[int, int]:
+        """Rank 0: broadcast these tensors (e.g. `model.named_parameters()`) to every actor;
+        returns the buckets and the bytes it broadcast.
 
         `gather` is for parameters sharded by ZeRO-3: `gather(params)` is a context manager under
         which those parameters hold their full data (DeepSpeed's `GatheredParameters`), entered
@@ -126,6 +127,7 @@ class WeightGroup:
         layout = [(n, _full_shape_proxy(t)) for n, t in named] if gather else named
         self._check_header(_header(layout, bucket_bytes))
         by_name = dict(named)
+        buckets = sent = 0
         for bucket in _buckets(layout, bucket_bytes):
             tensors = [by_name[n] for n, _ in bucket]
             with gather(tensors) if gather else contextlib.nullcontext():
@@ -134,6 +136,8 @@ class WeightGroup:
                 else:
                     flat = torch.cat([t.data.reshape(-1) for t in tensors])
                 self._broadcast(flat.to(self._device), "bucket")
+            buckets, sent = buckets + 1, sent + flat.numel() * flat.element_size()
+        return buckets, sent
 
     @torch.no_grad()
     def receive(

@@ -24,6 +24,7 @@ import random
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -144,9 +145,32 @@ def train_warm_start(cfg: Config, out: Path, log=print, threads: int | None = No
 
 def _train(cfg: Config, out: Path, log) -> None:
     tok = build_tokenizer()
-    model = build_model(tok, hidden=cfg.model.hidden, layers=cfg.model.layers,
-                        heads=cfg.model.heads, ffn=cfg.model.ffn, seed=cfg.run.seed,
-                        max_positions=cfg.model.max_positions)
+    model = initial_model(cfg, tok)
+    steps = cfg.warm_start.steps
+    t0 = time.time()
+    for step, loss in enumerate(train_steps(cfg, model, tok)):
+        if step % 100 == 0 or step == steps - 1:
+            log(f"warm start step {step + 1}/{steps} loss {loss:.3f} "
+                f"({time.time() - t0:.0f} s)")
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def initial_model(cfg: Config, tok):
+    """The embedded tiny model of `cfg`'s shape before its warm start, initialised from the
+    run's seed."""
+    return build_model(tok, hidden=cfg.model.hidden, layers=cfg.model.layers,
+                       heads=cfg.model.heads, ffn=cfg.model.ffn, seed=cfg.run.seed,
+                       max_positions=cfg.model.max_positions)
+
+
+def train_steps(cfg: Config, model, tok) -> Iterator[float]:
+    """The warm start's supervised steps on `model`, in place: `warm_start.steps` AdamW steps of
+    `warm_start.batch_size` rows (the arithmetic task's, a sloppy teacher's at
+    `warm_start.label_noise`, or the file task's solutions), warm-up and cosine decay; yields
+    each step's loss."""
     ws = cfg.warm_start
     if ws.source == "task":
         stream, response_format = task_solutions(cfg), None
@@ -160,9 +184,8 @@ def _train(cfg: Config, out: Path, log) -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / ws.steps)))
     rng = random.Random(cfg.run.seed)
-    t0 = time.time()
     model.train()
-    for step in range(ws.steps):
+    for _ in range(ws.steps):
         batch = [next(stream) for _ in range(ws.batch_size)]
         ids, labels = supervised_batch(tok, batch, ws.label_noise, rng, cfg.task.prompt_template,
                                        response_format)
@@ -171,13 +194,7 @@ def _train(cfg: Config, out: Path, log) -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        if step % 100 == 0 or step == ws.steps - 1:
-            log(f"warm start step {step + 1}/{ws.steps} loss {loss.item():.3f} "
-                f"({time.time() - t0:.0f} s)")
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
+        yield loss.item()
 
 
 def task_solutions(cfg: Config):

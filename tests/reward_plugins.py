@@ -61,3 +61,16 @@ def never_slowly(response: str, answer: str, fields: dict) -> float:
     """Every response wrong, after 20 ms: verdicts come back decode steps later."""
     time.sleep(0.02)
     return 0.0
+
+
+_calls = 0
+
+
+def slow_first(response: str, answer: str, fields: dict) -> dict:
+    """`exact`, but the first item a verifier's process scores takes a minute: past any
+    `actors.verifier_timeout_s` a test sets."""
+    global _calls
+    _calls += 1
+    if _calls == 1:
+        time.sleep(60)
+    return exact(response, answer, fields)

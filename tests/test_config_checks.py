@@ -93,6 +93,8 @@ REFUSED = [
     (["optim.lr=0"], "'optim.lr' must be > 0"),
     (["optim.grad_clip=-1"], "'optim.grad_clip' must be >= 0"),
     (["optim.zero_stage=4"], "'optim.zero_stage' must be 0, 1, 2 or 3"),
+    (["model.device=gpu"], "'model.device' must be cpu, cuda or cuda:N, got 'gpu'"),
+    (["weight_sync.backend=nccl"], "'weight_sync.backend' nccl needs the model on CUDA"),
     (["actors.threads=0"], "'actors.threads' must be > 0"),
     (["actors.max_batch=0"], "'actors.max_batch' must be > 0"),
     (["actors.heartbeat_s=0"], "'actors.heartbeat_s' must be > 0"),

@@ -3,6 +3,8 @@ and a real DeepSpeed engine, started the way a user starts them (`rlvr train`)."
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from transformers import AutoModelForCausalLM
 
@@ -106,16 +108,38 @@ def test_a_group_that_outlives_the_bound_is_trained_and_counted_not_dropped(tmp_
         assert r["resp/len_trained_p90"] == r["resp/len_generated_p90"]
 
 
-def test_run_folder_has_config_checkpoint_plots_and_summary(tmp_path, tiny_model):
+def test_a_run_keeps_its_folder_checkpoints_wandb_progress_syncs_and_verdicts_as_set(
+        tmp_path, tiny_model):
+    """The run folder (config, summary, checkpoints, plots) and the keys that shape a run's
+    outputs and plumbing, each set through the config and seen acting (quick_run_args' wandb and
+    progress are overridden)."""
     run = tmp_path / "outputs"
     done = run_rlvr(*quick_run_args(run, tiny_model, "mode=sync", "run.steps=2",
-                                    "run.checkpoint_every=1", "run.keep_checkpoints=1"))
+                                    "run.checkpoint_every=1", "run.keep_checkpoints=1",
+                                    "run.wandb=offline", "run.progress=true",
+                                    "weight_sync.bucket_mb=1", "actors.verifier_timeout_s=1",
+                                    "task.reward=tests.reward_plugins:slow_first"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert (run / "config.yaml").exists() and (run / "summary.json").exists()
     checkpoints = sorted((run / "checkpoints").glob("step_*"))
-    assert [c.name for c in checkpoints] == ["step_000002"]
-    AutoModelForCausalLM.from_pretrained(checkpoints[0] / "hf")  # loadable as a HF model
+    assert [c.name for c in checkpoints] == ["step_000002"]  # one kept
+    model = AutoModelForCausalLM.from_pretrained(checkpoints[0] / "hf")  # loadable as a HF model
     assert {p.name for p in (run / "plots").glob("*.png")} >= {"reward.png", "eval.png"}
+    run_id = (run / "wandb_id.txt").read_text().strip()
+    assert list((run / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    assert "step 2/2" in done.stderr  # the progress line, at the last step
+    # every sync broadcast the whole model in buckets of at most 1 MiB (the default 64 MiB
+    # takes the tiny model in one)
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    syncs = [r for r in read_rows(run) if "sync/buckets" in r]
+    assert len(syncs) == 2 and model_bytes > 2 << 20
+    for r in syncs:
+        assert r["sync/bytes"] == model_bytes
+        assert r["sync/buckets"] >= math.ceil(model_bytes / (1 << 20))
+    # the actor's first verdict took a minute: cut after 1 s (the default is 5), counted, and
+    # the run went on
+    assert "timed out after 1.0 s" in (run / "logs" / "actor-0.log").read_text()
+    assert read_rows(run)[1]["reward/errors"] >= 1
 
 
 def test_resume_continues_step_numbers_without_gaps_or_repeats(tmp_path, tiny_model):

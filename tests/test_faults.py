@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from learner.checkpoint import latest_checkpoint
-from tests.conftest import (ROOT, assert_admitted_within_bound, quick_run_args, read_rows,
-                            run_rlvr)
+from tests.conftest import (ROOT, TINY, assert_admitted_within_bound, quick_run_args,
+                            read_rows, run_rlvr)
 
 pytestmark = pytest.mark.slow
 
@@ -376,4 +376,39 @@ def test_a_learner_whose_port_is_taken_stops_the_run_with_one_line_naming_the_ke
     where = address.format(port=port)
     assert (f"ERROR {key}: cannot listen on {where}: Address already in use (another process "
             "holds it") in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+
+
+def test_a_learner_whose_actors_never_say_hello_gives_up_after_the_start_timeout(tmp_path,
+                                                                                 tiny_model):
+    """The learner alone, as on a cluster whose actor job never started: it waits
+    `actors.start_timeout_s` for their hellos, then stops naming the key (by default it would
+    wait 600 s, past this test's limit)."""
+    from protocol.config import load_config, write_resolved
+    from rlvr.launch import resolve
+
+    cfg = load_config(TINY, [f"model.path={tiny_model}", "run.wandb=disabled",
+                             "run.progress=false", "actors.start_timeout_s=3"])
+    write_resolved(resolve(cfg), tmp_path)
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "learner.main", "--run-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-3000:]
+    assert "only 0 of 1 actors said hello within 3 s (actors.start_timeout_s)" in out, out[-3000:]
+    assert time.monotonic() - t0 >= 3
+
+
+def test_a_key_folder_without_the_learners_keys_stops_the_run_with_one_line_naming_it(
+        tmp_path, tiny_model):
+    """`net.curve_dir` names the CurveZMQ key folder the learner's socket loads (`rlvr keys`
+    makes one): one without the learner's keys stops the run in one line naming the key and the
+    file, not a traceback."""
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    run = tmp_path / "runs" / "no-keys"
+    done = run_rlvr(*quick_run_args(run, tiny_model, f"net.curve_dir={keys}"), timeout_s=180)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[-3000:]
+    assert f"ERROR net.curve_dir: missing key file {keys}/learner.key_secret" in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]

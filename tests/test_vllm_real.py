@@ -21,12 +21,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.engines.vllm import VLLMEngine
 from actors.stream import Rollouts
+from actors.worker import engine_kwargs, make_engine
+from protocol.config import load_config
 from protocol.messages import PROTOCOL_VERSION, Prompt, RolloutSpec, Work
 from protocol.weights import WeightGroup
 from rlvr.launch import free_port
 from tasks.arithmetic import Arithmetic
 from tasks.prompts import prompt_token_ids
 from tasks.verifier import Verifier
+from tests.conftest import TINY
 
 TOLERANCE = 1e-4  # float32, vLLM against the learner's forward of the same weights
 
@@ -48,14 +51,32 @@ def learner_model(tiny_model):
 
 
 MAX_BATCH = 24  # actors.max_batch: vLLM's max_num_seqs
+# the actor's engine settings, set through the config and made into an engine as an actor does
+ACTOR_KEYS = ["actors.engine=vllm", "actors.kv_cache_gib=1", "actors.max_model_len=256",
+              f"actors.max_batch={MAX_BATCH}", "actors.gpu_memory_utilization=0.4",
+              "actors.enable_prefix_caching=true", "actors.enforce_eager=false",
+              "model.dtype=float32"]
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    engine = VLLMEngine(str(tiny_model), device="cpu", dtype="float32", kv_cache_gib=1,
-                        max_model_len=256, seed=0, max_batch=MAX_BATCH)
+    cfg = load_config(TINY, [f"model.path={tiny_model}", *ACTOR_KEYS])
+    engine = make_engine(cfg.actors.engine, cfg.model.path, **engine_kwargs(cfg, seed=0))
     yield engine
     engine.close()
+
+
+def test_vllm_runs_with_the_engine_settings_the_config_set(engine):
+    # what vLLM's own engine took from ACTOR_KEYS (its config after vLLM resolved it)
+    assert isinstance(engine, VLLMEngine)
+    config = engine._llm.llm_engine.vllm_config
+    assert config.cache_config.kv_cache_memory_bytes == 1 << 30
+    assert config.cache_config.gpu_memory_utilization == 0.4
+    assert config.cache_config.enable_prefix_caching is True
+    assert config.model_config.max_model_len == 256
+    assert config.model_config.enforce_eager is False
+    assert config.model_config.dtype == torch.float32
+    assert config.scheduler_config.max_num_seqs == MAX_BATCH
 
 
 @pytest.fixture(scope="module")
