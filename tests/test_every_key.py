@@ -268,29 +268,55 @@ def task_files(tmp_path_factory) -> list[str]:
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    """What the fingerprint runs on: a 1-layer tiny model on disk, a learner world of one rank in
-    this process (for real DeepSpeed engines), and the verifiers its generations start."""
-    from learner.engine import init_learner_distributed, leave_distributed
+    """What the fingerprint runs on: a 1-layer tiny model on disk, a process that holds a learner
+    world of one rank for real DeepSpeed engines (DeepSpeed's state lives in its modules: in this
+    process it would meet the worlds other tests made and unmade), the verifiers it starts."""
+    import multiprocessing
+
     from rlvr.launch import free_port
     from tasks.tiny_model import build_tiny
 
-    names = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
-    saved = {name: os.environ.get(name) for name in names}
     path = build_tiny(tmp_path_factory.mktemp("probe") / "model", hidden=16, layers=1, heads=2,
                       ffn=32, seed=0)
-    os.environ.update(zip(names, ("127.0.0.1", str(free_port()), "0", "0", "1")))
-    init_learner_distributed(load_config(TINY, [f"model.path={path}"]), 0, 1)
-    _PROBE.update(path=str(path), verifiers={}, memo={})
+    ctx = multiprocessing.get_context("spawn")
+    server, client = ctx.Pipe()
+    proc = ctx.Process(target=update_server, args=(client, str(path), free_port()), daemon=True)
+    proc.start()
+    _PROBE.update(path=str(path), server=server, verifiers={}, memo={})
     yield
     for verifier in _PROBE["verifiers"].values():
         verifier.close()
     _PROBE.clear()
-    leave_distributed()
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    server.send(None)
+    proc.join(60)
+    if proc.is_alive():
+        proc.kill()
+
+
+def update_server(conn, model_path: str, port: int) -> None:
+    """Child process: a learner world of one rank (gloo); `probe_update` of each config it is
+    sent, until None (an exception comes back as its text)."""
+    from learner.engine import init_learner_distributed, leave_distributed
+
+    names = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+    os.environ.update(zip(names, ("127.0.0.1", str(port), "0", "0", "1")))
+    init_learner_distributed(load_config(TINY, [f"model.path={model_path}"]), 0, 1)
+    try:
+        while (cfg := conn.recv()) is not None:
+            try:
+                conn.send(probe_update(cfg))
+            except Exception as e:  # noqa: BLE001 - the parent's part raises it
+                conn.send(RuntimeError(repr(e)))
+    finally:
+        leave_distributed()
+
+
+def update_in_server(cfg: Config) -> tuple:
+    _PROBE["server"].send(cfg)
+    reply = _PROBE["server"].recv()
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
 
 
 def fingerprint(cfg: Config) -> dict[str, str]:
@@ -304,7 +330,7 @@ def fingerprint(cfg: Config) -> dict[str, str]:
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=_PROBE["path"]))
     parts = {
         "update": lambda: memo(("update", UpdateSpec.of(cfg), cfg.optim, cfg.learner, cfg.model,
-                                cfg.loss), lambda: probe_update(cfg)),
+                                cfg.loss), lambda: update_in_server(cfg)),
         "generation": lambda: generation(cfg, tok),
         "warm_start": lambda: memo(("warm_start", cfg.model, cfg.warm_start, cfg.task,
                                     cfg.run.seed), lambda: warm_start_steps(cfg, tok)),
