@@ -76,8 +76,6 @@ def test_ar3po_stays_within_its_stage_sizes_and_reuses_past_successes(tmp_path, 
     for r in rows:
         assert r["gen/responses_per_prompt_max"] <= 2 + 2 + 4
         assert 2 <= r["gen/responses_per_prompt"] <= 8
-        assert r["reuse/rate"] == r["reuse/reused"] / max(r["reuse/reused"] + r["reuse/unavailable"], 1)
-        assert 0 <= r["rescue/frac_rescued"] <= 1
     assert sum(r["reuse/reused"] for r in rows) > 0
     assert max(r["reuse/rate"] for r in rows) > 0
 
@@ -90,7 +88,6 @@ def test_aero_trains_on_fewer_rollouts_than_it_generates_within_its_pooled_budge
     for r in rows:
         assert 8 <= r["gen/responses_per_prompt"] <= 16  # explore 8 + pooled (16 - 8) per prompt
         assert r["train/rollouts_per_prompt"] < r["gen/responses_per_prompt"]
-        assert 0 <= r["rescue/frac_rescued"] <= 1
         assert sum(r[f"aero/frac_{s}"] for s in ("rescue", "low", "high")) == pytest.approx(1)
 
 

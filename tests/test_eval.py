@@ -57,7 +57,6 @@ def test_a_runs_checkpoint_is_evaluated_as_the_run_logged_it(trained_run):
     assert got["eval/greedy"] == logged["eval/greedy"]  # same weights, same prompts, argmax
     for level in (1, 2, 3):
         assert got[f"eval/greedy/level{level}"] == logged[f"eval/greedy/level{level}"]
-        assert 0 <= got[f"eval/avg@4/level{level}"] <= got[f"eval/pass@4/level{level}"] <= 1
     assert "| all |" in done.stdout and "eval/avg@4" in done.stdout
     # --samples changes k; an HF folder needs --config and evaluates the same way
     hf = trained_run / "checkpoints" / "step_000002" / "hf"

@@ -222,7 +222,6 @@ def test_a_final_evaluation_lost_with_its_actor_is_done_by_the_learner(tiny_mode
     warnings = learner_warnings(run_dir)  # version 0's may still have been out: lost as well
     assert last["eval/abandoned"] >= 1 and "the actor of share v%d-a0 was lost" % steps in warnings
     assert "the learner evaluates version %d itself" % steps in warnings
-    assert 0.0 <= last["eval/avg@8"] <= last["eval/pass@8"] <= 1.0
 
 
 def test_a_learner_killed_mid_run_resumes_losing_no_prompt_and_repeating_none(
