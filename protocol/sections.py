@@ -132,7 +132,7 @@ class TaskConfig:
     """The reward function: math_verify (built in: 1 when the response's last \\boxed{} equals
     the answer under math-verify, else 0) or "package.module:function", your own: it takes
     (response, answer, fields) and returns a float or a dict of named scores with "reward"
-    and optionally "acc" (tasks/rewards.py, README "Your own task"); or a weighted sum of
+    and optionally "acc" (tasks/rewards.py, docs/TASKS.md); or a weighted sum of
     such functions, "tasks.rewards:boxed_math + 0.2*mymod:brevity" (acc is the first term's)."""
     prompt_template: str = "{question}"
     """User turn text; real models want e.g. "{question} Please reason step by step, and put
