@@ -58,8 +58,8 @@ def test_efficiency_counts_every_generated_response_for_each_algorithm(tiny_mode
 
 
 @pytest.mark.slow
-def test_throughput_compares_schedules_and_plan_predicts_them_from_the_same_runs(tiny_model,
-                                                                                 tmp_path):
+def test_throughput_reports_each_schedule_and_plan_predicts_them_from_the_same_runs(tiny_model,
+                                                                                tmp_path):
     # one --out for both benches: plan's sync and async_s2 runs have throughput's arguments, so
     # it reuses them (as a user saves a second set of runs) and adds only its own measurements
     out = tmp_path / "bench"
