@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import pytest
 
-from tests.calibration import record
+from tests.calibration import record, run_seed
 from tests.conftest import ROOT, read_rows, run_rlvr
 
 pytestmark = pytest.mark.slow
 
 CODE = ROOT / "configs" / "tiny-cpu-code.yaml"
-# Calibrated in tests/README.md: sync runs with the test's arguments and run.seed 0-4 gained
-# 0.080 +- 0.014 from the warm start built with AVX2 kernels (3.7 sd above the bound; 30 steps
-# gained 0.053 +- 0.021, too little to bound) and 0.116 +- 0.023 from the AVX-512 one (3.8 sd);
-# learning off (optim.lr=1e-12) gains 0.000 exactly, the evaluation being the same draw at both
-# ends. About 65 s alone on an idle AVX-512 machine (166 s when each response started a sandbox
-# of its own).
+# Both evaluations of a run draw the same random numbers (tasks/evaluation.py), so with learning
+# off the gain is 0 exactly and its spread over seeds is the training's; the bound is calibrated
+# in tests/README.md on each kernel path from that path's own warm start, beside a load like the
+# suite's (a sandboxed response that outlasts its 3 s wall limit under load scores 0).
 STEPS = 50
-MIN_GAIN = 0.03
+MIN_GAIN = 0.02
 
 
 def test_the_code_config_raises_the_held_out_pass_rate(tmp_path, code_warm_model):
@@ -31,7 +29,7 @@ def test_the_code_config_raises_the_held_out_pass_rate(tmp_path, code_warm_model
     done = run_rlvr("train", str(CODE), f"run.out_dir={tmp_path}", "run.name=code",
                     f"model.path={code_warm_model}", "run.wandb=disabled", "run.progress=false",
                     "mode=sync", f"run.steps={STEPS}", f"run.eval_every={STEPS}",
-                    "task.eval_samples=16", timeout_s=1200)
+                    "task.eval_samples=16", f"run.seed={run_seed()}", timeout_s=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_rows(run)
     trained = [r for r in rows if r["step"] > 0]

@@ -11,6 +11,7 @@ from learner.coordinator import Coordinator
 from protocol.messages import (PROTOCOL_VERSION, Group, Heartbeat, Hello, Prompt, RolloutSpec,
                                Sample, SyncWeights, Work)
 from protocol.transport import ActorEndpoint, LearnerEndpoint
+from tests.calibration import record
 
 V = PROTOCOL_VERSION
 SPEC = RolloutSpec(strategy="fixed", max_new_tokens=4)
@@ -121,6 +122,10 @@ def test_a_silent_actor_is_reaped_and_one_that_beats_is_kept(learner):
     beating.send(Heartbeat(protocol_version=V, policy_version=0, actor_id=1, busy=False))
     assert coord.poll(5.0)
     lost = coord.reap(timeout_s=0.5)
+    [kept] = coord.actors.values()
+    # the window: the beating actor must look alive at the reap (read less than 0.5 s before)
+    record("s since the beating actor was read, at the reap", time.monotonic() - kept.last_seen,
+           high=0.5)
     assert [a.actor_id for a in lost] == [0]
     assert [a.actor_id for a in coord.actors.values()] == [1]
     quiet.close()
@@ -143,6 +148,8 @@ def test_an_actor_whose_heartbeats_wait_unread_while_the_learner_was_busy_is_not
     time.sleep(0.2)
     assert coord.poll(5.0)  # the failed-sync wait reads one message, then reaps
     assert coord.reap(timeout_s=0.5) == []
+    record("s since the least recently read actor was read, at the reap",
+           time.monotonic() - min(a.last_seen for a in coord.actors.values()), high=0.5)
     assert sorted(a.actor_id for a in coord.actors.values()) == [0, 1]
     assert coord.stats["faults/actors_lost"] == 0
     a0.close()
@@ -225,7 +232,11 @@ def test_the_start_waits_for_every_actors_hello_and_gives_up_naming_the_key(lear
     with pytest.raises(TimeoutError, match=r"only 1 of 2 actors said hello within 1 s "
                                            r"\(actors.start_timeout_s\)"):
         coord.wait_for_actors(2, timeout_s=1.0)
-    assert 1.0 <= time.monotonic() - t0 < 3.0
+    elapsed = time.monotonic() - t0
+    # its low end is the deadline itself (giving up early is a bug, not noise): only the high
+    # end is a margin
+    record("wait_for_actors(timeout_s=1.0) gives up after s", elapsed, high=3.0)
+    assert 1.0 <= elapsed < 3.0
     a0.close()
 
 

@@ -244,6 +244,8 @@ def test_an_actor_left_waiting_in_a_broadcast_keeps_beating_until_the_timeout_fr
         freed_after_s = time.monotonic() - t0
     finally:
         learner.close()
+    record("an 8 s broadcast timeout frees the actor after s", freed_after_s, low=timeout_s - 1)
+    record("heartbeats in 4 s of a blocked broadcast", beats, low=3)
     assert freed_after_s >= timeout_s - 1, "the broadcast did not block: the test proves nothing"
     assert beats >= 4, f"{beats} heartbeats in {timeout_s / 2} s at actors.heartbeat_s=0.5"
 
@@ -260,4 +262,5 @@ def test_a_sync_the_learner_calls_off_is_given_up_at_once(tmp_path, random_model
         learner.wait_for_log("weights of version 2 in", 30.0)
     finally:
         learner.close()
+    record("a sync called off is given up after s", given_up_s, high=5)
     assert given_up_s < 5, f"called off, yet the actor waited {given_up_s:.1f} s"
