@@ -136,9 +136,9 @@ def summarize(lines: list[dict]) -> list[dict]:
         control = condition.startswith(CONTROL)
         gap = -min(gaps) if control else min(gaps)
         sigmas = gap / sd if sd > 0 else (math.inf if gap > 0 else 0.0)
-        rows.append({"test": test, "name": name, "condition": condition, "runs": runs,
-                     "mean": mean, "sd": sd, "low": low, "high": high, "sigmas": sigmas,
-                     "fail": 1 - outside if control else outside})
+        rows.append({"test": test, "name": name, "condition": condition, "control": control,
+                     "runs": runs, "mean": mean, "sd": sd, "low": low, "high": high,
+                     "sigmas": sigmas, "fail": 1 - outside if control else outside})
     return rows
 
 
@@ -148,12 +148,17 @@ def meets_bar(row: dict) -> bool:
                                         or row["fail"] < MAX_FAIL_RATE)
 
 
+def short_rows(rows: list[dict]) -> list[dict]:
+    """The bounds below the bar (controls hold none)."""
+    return [r for r in rows if not r["control"] and not meets_bar(r)]
+
+
 def suite_fail_rate(rows: list[dict]) -> float:
     """The chance that a suite run fails on one of these bounds: each bound at its worst
     measured condition, controls left out, the bounds taken as independent."""
     worst: dict[tuple[str, str], float] = {}
     for r in rows:
-        if not r["condition"].startswith(CONTROL):
+        if not r["control"]:
             key = (r["test"], r["name"])
             worst[key] = max(worst.get(key, 0.0), r["fail"])
     return 1 - math.prod(1 - f for f in worst.values())
@@ -165,10 +170,11 @@ def table(rows: list[dict]) -> str:
     out = ["| test | value | condition | runs | mean | sd | passes strictly inside | "
            "sd to bound | misses per run |",
            "|---|---|---|---:|---:|---:|---|---:|---:|"]
+    below = short_rows(rows)
     for r in rows:
         bound = (f"({num(r['low']) if r['low'] is not None else '-inf'}, "
                  f"{num(r['high']) if r['high'] is not None else 'inf'})")
-        short = "" if meets_bar(r) or r["condition"].startswith(CONTROL) else " (short)"
+        short = " (short)" if r in below else ""
         out.append(f"| `{r['test']}` | {r['name']} | {r['condition']} | {r['runs']}{short} | "
                    f"{num(r['mean'])} | {num(r['sd'])} | {bound} | {r['sigmas']:.1f} | "
                    f"{r['fail']:.2g} |")
@@ -219,7 +225,7 @@ def run(args) -> int:
     rows = summarize(lines)
     print(table(rows))
     print(f"calibration: values in {log}" + (f", added to {DATA}" if args.save else ""))
-    tight = [r for r in rows if not meets_bar(r) and not r["condition"].startswith(CONTROL)]
+    tight = short_rows(rows)
     for r in tight:
         print(f"calibration: {r['test']} {r['name']}: {r['runs']} runs, bound {r['sigmas']:.1f} "
               f"sd from the mean, fails {r['fail']:.2g} of runs", file=sys.stderr)
