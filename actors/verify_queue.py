@@ -19,7 +19,8 @@ import threading
 from collections.abc import Hashable
 
 from tasks.rewards import BUILTIN, Score
-from tasks.verifier import Verifier, quick_verdict
+from tasks.math_answer import quick_verdict
+from tasks.verifier import Verifier
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 from tasks.tiny_model import load_tokenizer
 
-from actors.engines import make_engine
+from actors.engines.factory import make_engine
 from actors.evaluation import TRAINING_STEPS_PER_EVAL_STEP, ActorEval, refusal
 from actors.stream import Rollouts, engine_load, to_group
 from tasks.verifier import Verifier

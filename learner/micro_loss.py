@@ -37,7 +37,7 @@ from learner.losses import (aggregate, behaviour_weights, gcpo_loss, kl_penalty,
 from protocol.config import LossConfig, MuGRPOConfig
 
 if TYPE_CHECKING:
-    from learner.update import UpdateSpec
+    from learner.update_spec import UpdateSpec
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,9 @@ spellings of a value that a user's YAML may still hold: they are refused naming 
 Why a module of its own: the checks span sections (weight_sync against the staleness bound,
 hora against rollout), and protocol/config.py stays the schema.
 
+Every function takes the run's `protocol.config.Config` as `cfg`, untyped here: protocol/config.py
+imports this module, and this one does not import it back.
+
 Run the tests with: .venv/bin/python -m pytest tests/test_config_checks.py
 """
 
@@ -14,10 +17,6 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the schema imports this module
-    from protocol.config import Config
 
 # dotted key -> {old value: new value}; refused with a message naming the new value
 RENAMED_VALUES: dict[str, dict[str, str]] = {
@@ -55,7 +54,7 @@ def _positive(found: list[str], values: dict[str, float], what: str = "> 0") -> 
             found.append(f"'{key}' must be {what}, got {value}")
 
 
-def value_problems(cfg: Config) -> list[str]:
+def value_problems(cfg) -> list[str]:
     """Every value of `cfg` that would do nothing, hang or divide by zero (messages name keys)."""
     found: list[str] = []
     r, run, t, a, ws = cfg.rollout, cfg.run, cfg.task, cfg.actors, cfg.weight_sync
@@ -159,7 +158,7 @@ def value_problems(cfg: Config) -> list[str]:
 
 
 
-def _shape_problems(cfg: Config) -> list[str]:
+def _shape_problems(cfg) -> list[str]:
     """Counts and sizes the run's shape needs: steps, actors, ranks, groups, heartbeats."""
     found = []
     if cfg.run.steps < 1:
@@ -197,10 +196,10 @@ def _shape_problems(cfg: Config) -> list[str]:
     return found
 
 
-def _abort_limit_problems(cfg: Config) -> list[str]:
+def _abort_limit_problems(cfg) -> list[str]:
     """abort_limit bounds how often `abort` restarts one sample: 0 would be `continue` by another
     name, and under another in-flight policy nothing is aborted at a sync."""
-    from protocol.config import ActorsConfig
+    from protocol.sections import ActorsConfig
 
     limit, policy = cfg.actors.abort_limit, cfg.actors.inflight_update
     if limit < 1:
@@ -212,7 +211,7 @@ def _abort_limit_problems(cfg: Config) -> list[str]:
     return []
 
 
-def _task_problems(cfg: Config) -> list[str]:
+def _task_problems(cfg) -> list[str]:
     t, found = cfg.task, []
     if t.kind != "arithmetic":
         return found
@@ -234,7 +233,7 @@ def _task_problems(cfg: Config) -> list[str]:
     return found
 
 
-def _loss_problems(cfg: Config) -> list[str]:
+def _loss_problems(cfg) -> list[str]:
     loss, found = cfg.loss, []
     if not 0 <= loss.clip_low <= 1 or loss.clip_high < 0:
         found.append(f"'loss.clip_low' must be in [0, 1] and 'loss.clip_high' >= 0, got "
@@ -253,7 +252,7 @@ def _loss_problems(cfg: Config) -> list[str]:
     return found
 
 
-def _weight_sync_problems(cfg: Config) -> list[str]:
+def _weight_sync_problems(cfg) -> list[str]:
     """sync_every against the schedule: 0 divides by zero; in sync mode anything but 1 makes
     every group stale (the actors sample with older weights than the learner trains); in async
     mode admission counts the actors' weights, which lag up to sync_every - 1 versions behind
@@ -281,7 +280,7 @@ def _weight_sync_problems(cfg: Config) -> list[str]:
     return found
 
 
-def config_warnings(cfg: Config) -> list[str]:
+def config_warnings(cfg) -> list[str]:
     """Settings that work but bias the data, said at the start of a run (launcher and learner):
     under `drop` or `downweight` the groups that outlive the bound are the long answers and the
     late stages (AR3PO's second stage, AERO's rescue rounds, HORA's second phase), the hard
@@ -304,9 +303,9 @@ def config_warnings(cfg: Config) -> list[str]:
             "default 'tis' trains every group under the truncated importance weight"]
 
 
-def _update_problems(cfg: Config) -> list[str]:
+def _update_problems(cfg) -> list[str]:
     """The learner update's keys: optimizer steps, micro-batches and the KL term."""
-    from protocol.config import OptimConfig
+    from protocol.sections import OptimConfig
 
     o, ln, found = cfg.optim, cfg.learner, []
     if o.mini_batches < 1:

@@ -11,15 +11,14 @@ Why a module of its own: protocol/config_checks.py refuses values that cannot wo
 rest of the config says; these rules are about one key against the others, and they are relaxed
 for run folders.
 
+Every function takes the run's `protocol.config.Config` as `cfg`, untyped here: protocol/config.py
+imports this module, and this one does not import it back.
+
 Run the tests with: .venv/bin/python -m pytest tests/test_config_checks.py tests/test_every_key.py
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the schema imports this module
-    from protocol.config import Config
 
 
 # dotted key -> why it is gone; refused with that reason rather than as an unknown key
@@ -59,13 +58,13 @@ def _section(data: dict, path: list[str]) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def inert_problems(cfg: Config) -> list[str]:
+def inert_problems(cfg) -> list[str]:
     """Messages for keys set away from their default where the rest of the config never reads
     them (the run would silently do what it does without them)."""
     return [message for _, message in inert_keys(cfg)]
 
 
-def neutral_overrides(cfg: Config) -> list[str]:
+def neutral_overrides(cfg) -> list[str]:
     """Overrides that put every inert key back to its default: what a tool that runs one YAML
     under several modes or algorithms (`rlvr bench`) adds to each variant."""
     import json
@@ -82,23 +81,25 @@ def neutral_overrides(cfg: Config) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def inert_keys(cfg: Config) -> list[tuple[str, str]]:
+def inert_keys(cfg) -> list[tuple[str, str]]:
     """(key, message) for keys set away from their default where the rest of the config never
     reads them. Refused when a run starts (`load_config`); a run folder resumed under newer
     rules is let through (`run_folder=True`)."""
     from protocol.algorithm_config import AR3POConfig, GCPOConfig
-    from protocol.config import Config as Defaults, LossConfig, RolloutConfig
+    from protocol.sections import LossConfig, RolloutConfig
+
+    defaults = type(cfg)  # the Config class, whose attributes are the defaults
 
     found, r, loss, ar = [], cfg.rollout, cfg.loss, cfg.ar3po
     fixed = {"sync": "0", "staged": "mugrpo.updates_per_stage - 1"}.get(cfg.mode)
-    if fixed and cfg.max_staleness not in (Defaults.max_staleness, cfg.staleness_bound):
+    if fixed and cfg.max_staleness not in (defaults.max_staleness, cfg.staleness_bound):
         found.append(("max_staleness", f"'max_staleness' ({cfg.max_staleness}) does nothing in "
                       f"mode {cfg.mode}: its staleness bound is {fixed} ({cfg.staleness_bound})"))
-    if fixed and cfg.stale_policy != Defaults.stale_policy:
+    if fixed and cfg.stale_policy != defaults.stale_policy:
         found.append(("stale_policy", f"'stale_policy' ({cfg.stale_policy}) does nothing in mode "
                       f"{cfg.mode}: no group comes back staler than the bound, which the mode "
                       "fixes"))
-    if cfg.stale_downweight != Defaults.stale_downweight and (
+    if cfg.stale_downweight != defaults.stale_downweight and (
             cfg.stale_policy != "downweight" or fixed):
         found.append(("stale_downweight", f"'stale_downweight' ({cfg.stale_downweight}) acts only "
                       f"under stale_policy downweight in mode async (got {cfg.stale_policy}, "

@@ -74,7 +74,8 @@ class VLLMSampler:
     """vLLM's offline engine behind the `generate` signature evaluation uses (greedy included)."""
 
     def __init__(self, model_dir: str, cfg):
-        from actors.engines.vllm import completion_from_output, engine_kwargs
+        from actors.engines.vllm import engine_kwargs
+        from actors.engines.vllm_requests import completion_from_output
 
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         on_cpu = not cfg.model.device.startswith("cuda")

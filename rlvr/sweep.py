@@ -27,7 +27,6 @@ table. `--status` shows each run's state from its folder and, for SLURM, its job
 from __future__ import annotations
 
 import itertools
-import json
 import re
 import shutil
 import subprocess

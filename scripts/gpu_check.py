@@ -110,7 +110,7 @@ def interrupt_on_sigterm() -> None:
 
 def hf_generate(res, save, workdir: Path, device: str, dry_run: bool) -> None:
     import torch
-    from actors.engines import make_engine
+    from actors.engines.factory import make_engine
     from tasks.tiny_model import build_tiny
 
     def measure(engine, vocab, prompts, n, prompt_len, new_tokens):

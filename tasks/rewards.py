@@ -171,7 +171,7 @@ def check_answers(spec: str) -> list[tuple[str, Callable]]:
 def boxed_math(response: str, answer: str, fields: dict) -> float:
     """The built-in math verdict as a reward function: 1.0 when the response's last \\boxed{}
     equals the answer under math-verify, else 0.0 (a term of a weighted sum)."""
-    from tasks.verifier import extract_boxed, math_equal, quick_verdict
+    from tasks.math_answer import extract_boxed, math_equal, quick_verdict
 
     verdict = quick_verdict(response, answer)
     if verdict is None:

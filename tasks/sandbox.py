@@ -51,16 +51,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.sandbox_jail import UIDS, confine, visible_paths
-
-@dataclass(frozen=True)
-class Limits:
-    wall_s: float = 10.0  # the whole run: start, definition, every test
-    cpu_s: int = 5
-    memory_mb: int = 512
-    file_mb: int = 1
-    processes: int = 16  # of the run's own uid
-    open_files: int = 64
+from tasks.sandbox_jail import UIDS, Limits, confine, visible_paths
 
 
 @dataclass(frozen=True)

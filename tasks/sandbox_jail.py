@@ -11,14 +11,23 @@ import os
 import resource
 import signal
 import sys
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from tasks.sandbox import Limits
+from dataclasses import dataclass
 
 CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 MS_REC, MS_PRIVATE = 0x4000, 1 << 18
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one sandboxed run may use (rlimits of its process, and its wall time)."""
+
+    wall_s: float = 10.0  # the whole run: start, definition, every test
+    cpu_s: int = 5
+    memory_mb: int = 512
+    file_mb: int = 1
+    processes: int = 16  # of the run's own uid
+    open_files: int = 64
 
 
 def _libc():

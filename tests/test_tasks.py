@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tasks.arithmetic import Arithmetic, Problem, level_size, worked_response
-from tasks.verifier import extract_boxed
+from tasks.math_answer import extract_boxed
 
 
 def first(n, stream):

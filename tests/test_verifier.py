@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.verifier import Verifier, extract_boxed
+from tasks.math_answer import extract_boxed
+from tasks.verifier import Verifier
 from tests.calibration import record
 
 

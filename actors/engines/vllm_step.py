@@ -44,6 +44,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from actors.engines import Aborted, Finished, extend_version_runs, generate_all
+from actors.engines.vllm_requests import build_requests, sampled_logprob
 
 
 @dataclass
@@ -59,8 +60,6 @@ class _Request:
 
     def extend(self, token_ids, logprobs, version: int) -> None:
         """Append one step's new tokens (vLLM's delta output) and their sampled log-probs."""
-        from actors.engines.vllm import sampled_logprob
-
         n = len(token_ids)
         if len(logprobs or []) < n:
             raise ValueError(f"vLLM returned {n} tokens but {len(logprobs or [])} log-probs: "
@@ -89,8 +88,6 @@ class VLLMStepLoop:
     def add(self, request_id: int, prompt_token_ids: list[int], max_new_tokens: int,
             temperature: float = 1.0, top_p: float = 1.0) -> None:
         from vllm.sampling_params import RequestOutputKind
-
-        from actors.engines.vllm import build_requests
 
         requests = self._step_state()
         if request_id in requests:

@@ -108,7 +108,7 @@ def measure(pair: dict) -> dict:
     import torch
     from tasks.tiny_model import load_tokenizer
 
-    from actors.engines import make_engine
+    from actors.engines.factory import make_engine
     from tasks.arithmetic import Arithmetic
     from tasks.prompts import prompt_token_ids
 

@@ -7,8 +7,8 @@ An actor decodes every request it holds in the same engine steps (continuous bat
 stream.py), so a sample is cheaper when many are in flight: on the tiny model a step costs about
 the same for 10 rows as for 100. A step also costs more the longer the rows' contexts are (every
 row attends over the keys and values of its prompt and its answer so far): an engine kept full
-by a stream of requests holds rows at every point of their answers, and pays 1.5-1.8x per row
-what the same rows pay started together (BENCHMARKS.md, "Long tail"). A run's logs give each
+by a stream of requests holds rows at every point of their answers, and pays more per row than
+the same rows started together (scripts/hf_engine_rows.py measures both). A run's logs give each
 sample's share of the steps it took part in, not how a step's cost splits; this probe measures
 that split with the run's own engine, model and prompts on this machine: R requests of the run's
 held-out prompts started at once, prefilled (until every row has its first token: vLLM prefills
@@ -29,7 +29,7 @@ pass holds: 512 rows cost 2.3-3.5x what 256 rows of the same width do there.
 The prefill is fitted on relative error (`fit_prefill`): its points span four decades (a row of
 a prompt, 2 ms; 512 rows of 300 columns, 16 s), and least squares on seconds fits the widest
 few and misses the middle by 30-60%, where a run's re-prefills of 150-250 rows lie
-(BENCHMARKS.md, "Long tail").
+(tests/data/longtail_prefills.json, tests/test_plan.py).
 
 The simulator's `DecodeCost` takes them (rlvr/plan/stream_actor.py); `rlvr plan` adds the actor
 loop's own time per step (messages, the verifier), calibrated on the measured run. Whatever else
@@ -101,7 +101,7 @@ def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
     import torch
     from tasks.tiny_model import load_tokenizer
 
-    from actors.engines import make_engine
+    from actors.engines.factory import make_engine
     from actors.worker import engine_kwargs
     from learner.data import held_out
     from protocol.config import load_config
