@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from learner.curation import aero_select, rescue_outcome, shaped_reward
-from learner.groups import group_advantages, group_staleness
+from learner.groups import group_advantages
 from learner.reuse import ReuseBuffer, ReuseEntry, reuse_into_group
-from learner.staleness import staleness_summary, staleness_weight
+from learner.staleness import staleness_summary
 from learner.update import ContrastGroup, LossRow
 from protocol.config import Config
 from protocol.messages import Group, version_runs
+from protocol.staleness import age
 
 _HIST_BINS = 64  # staleness histogram bins past which values share the overflow bin
 
@@ -135,7 +136,7 @@ def build_step(groups: list[Group], state: AlgorithmState, cfg: Config, version:
     batch.metrics = _step_metrics(cfg, state, len(groups), len(batch.rows), len(batch.contrasts),
                                   tally)
     batch.metrics.update(staleness_summary([v for v, _ in tally.fresh_stale],
-                                           min(cfg.admitted_staleness, _HIST_BINS),
+                                           min(cfg.staleness.admitted, _HIST_BINS),
                                            weights=[w for _, w in tally.fresh_stale]))
     # the bound (8.2) applies to a response's oldest token, which is at least as stale
     batch.metrics["stale/oldest_token_max"] = float(max(tally.oldest_stale, default=0))
@@ -216,8 +217,7 @@ def _to_loss(g: Group, kept: list[Member], adv: list[float], cfg: Config, versio
                                                  [m.token_ids for m in kept if m.fresh]))
         else:
             tally.n["no_golden"] += 1
-    scale = staleness_weight(group_staleness(g, version), cfg.admitted_staleness,
-                             cfg.stale_policy, cfg.stale_downweight) or 0.0
+    scale = cfg.staleness.loss_scale(age(g, version))
     for m, a in zip(kept, adv):
         if not m.in_loss:
             continue

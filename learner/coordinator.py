@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 import msgspec
 
 from learner.data import PromptSource, rollout_spec
-from learner.staleness import may_admit
 from protocol.config import Config
 from protocol.messages import (PROTOCOL_VERSION, EvalResult, Group, Heartbeat, Hello, Prompt,
                                RolloutSpec, Shutdown, SyncWeights, Work)
+from protocol.staleness import Staleness
 from protocol.transport import LearnerEndpoint, PeerGone, TransportError
 
 log = logging.getLogger(__name__)
@@ -63,19 +63,19 @@ def run_coordinator(cfg: Config, endpoint: LearnerEndpoint, prompts: Iterator[Pr
     slots of `version` generation batches taken (a resumed run's)."""
     batch = cfg.generation_batch
     return Coordinator(endpoint, PromptSource(cfg, prompts, counts), rollout_spec(cfg), batch,
-                       cfg.work_size, cfg.admitted_staleness, slots_taken=version * batch)
+                       cfg.work_size, cfg.staleness, slots_taken=version * batch)
 
 
 class Coordinator:
     def __init__(self, endpoint: LearnerEndpoint, prompts: Iterator[Prompt], rollout: RolloutSpec,
-                 groups_per_step: int, prompts_per_work: int, max_staleness: int,
+                 groups_per_step: int, prompts_per_work: int, staleness: Staleness,
                  slots_taken: int = 0):
         self.endpoint = endpoint
         self.prompts = prompts
         self.rollout = rollout
         self.groups_per_step = groups_per_step
         self.prompts_per_work = prompts_per_work
-        self.max_staleness = max_staleness
+        self.staleness = staleness  # admission hands out work within staleness.admitted
         self.actors: dict[bytes, ActorState] = {}
         self.ready: list[Group] = []
         self.seen_groups: set[str] = set()
@@ -195,12 +195,11 @@ class Coordinator:
         return self.members != frozenset(self.actors)
 
     # -- hand-out ---------------------------------------------------------------------------
-    def admit(self, version: int, max_staleness: int | None = None) -> int:
+    def admit(self, version: int, bound: int | None = None) -> int:
         """Hand out as much work as the staleness bound allows, to the weight group's members;
-        returns the prompts handed out. `max_staleness` overrides the bound for this call (a
+        returns the prompts handed out. `bound` replaces the admitted staleness for this call (a
         Mu-GRPO stage of L steps admits its L steps' groups at once: version = the stage's,
         bound = L - 1). Prompts of lost actors go first: their slots are already counted."""
-        bound = self.max_staleness if max_staleness is None else max_staleness
         handed = 0
         members = [a for a in self.actors.values() if a.rank > 0]
         while members:
@@ -211,8 +210,8 @@ class Coordinator:
                 prompts = [self.reissue.popleft()
                            for _ in range(min(len(self.reissue), self.prompts_per_work))]
             else:
-                while (fresh < self.prompts_per_work and may_admit(
-                        self.slots_taken + fresh, version, bound, self.groups_per_step)):
+                while (fresh < self.prompts_per_work and self.staleness.may_admit(
+                        self.slots_taken + fresh, version, self.groups_per_step, bound)):
                     fresh += 1
                 if fresh == 0:
                     break

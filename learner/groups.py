@@ -1,11 +1,7 @@
-"""Group-level helpers: the group advantage estimator, group staleness, and the raw statistics
-of freshly generated groups (docs/ALGORITHMS.md 1.2, 8.2, 9). learner/algorithms.py turns groups into
-training rows with them.
-
-Consumption-side staleness (8.2): a group whose oldest sample is more than `max_staleness`
-versions behind the learner is kept as is, relying on the truncated behaviour weight (`tis`, the
-default), kept with its loss scaled by gamma^(staleness - bound) (`downweight`), or dropped
-(`drop`); `selection_metrics` shows what the last two take by length and stage.
+"""Group-level helpers: the group advantage estimator and the raw statistics of freshly
+generated groups (docs/ALGORITHMS.md 1.2, 9). learner/algorithms.py turns groups into training
+rows with them; `selection_metrics` shows what the staleness rule (protocol/staleness.py) and
+curation take by length and stage.
 """
 
 from __future__ import annotations
@@ -15,7 +11,6 @@ from collections import Counter
 import numpy as np
 
 from learner.advantages import drgrpo_advantages, grpo_advantages, rloo_advantages
-from learner.staleness import staleness_weight
 from protocol.config import LossConfig
 from protocol.messages import EngineLoad, Group, version_runs
 
@@ -29,14 +24,6 @@ def group_advantages(rewards: list[float], loss_cfg: LossConfig) -> list[float]:
         case "rloo":
             adv = rloo_advantages(rewards)
     return adv.tolist()
-
-
-def group_staleness(group: Group, version: int) -> int:
-    return version - min(s.policy_version for s in group.samples)
-
-
-def is_stale(group: Group, version: int, max_staleness: int, stale_policy: str) -> bool:
-    return staleness_weight(group_staleness(group, version), max_staleness, stale_policy) is None
 
 
 def generation_cost(groups: list[Group], dropped: list[Group] = ()) -> dict:

@@ -1,12 +1,6 @@
-"""Staleness rules for asynchronous training (docs/ALGORITHMS.md §8.1-8.2).
-
-What: the admission rule the coordinator applies before handing out a prompt, the consumption
-rule for samples that still came back staler than the bound, and the `stale/*` metrics (§9).
-Why: the bound eta = max_staleness (AReaL's max_head_offpolicyness) limits off-policyness at
-admission; a group that still outlives it (a long answer, a late sampling stage) is by default
-trained under the truncated behaviour weight, as in AReaL and PipelineRL, since dropping it would
-filter by length and difficulty; eta = 0 reproduces synchronous training. Staleness is
-lambda = v_learner - v_behaviour in policy versions (one version per optimizer step).
+"""The `stale/*` metrics (docs/ALGORITHMS.md §9): how stale the trained tokens were, as mean,
+quantiles, max and a histogram. The rules themselves (admission, the bound, the injected delay,
+what happens to a group over the bound) are `protocol.staleness.Staleness`.
 
 Run the tests with: .venv/bin/python -m pytest tests/test_staleness.py
 """
@@ -15,44 +9,6 @@ from __future__ import annotations
 
 import bisect
 import math
-
-
-def may_admit(n_submitted: int, learner_version: int, max_staleness: int, groups_per_step: int) -> bool:
-    """Admission (§8.2 [I, modelled on AReaL]): submit one more group only if
-    n_submitted + 1 <= (learner_version + max_staleness + 1) * groups_per_step.
-
-    n_submitted counts groups handed out over the whole run. With max_staleness = 0 at most one
-    step's groups are out at a time, which is the synchronous schedule.
-    """
-    if max_staleness < 0 or groups_per_step < 1:
-        raise ValueError(
-            f"need max_staleness >= 0 and groups_per_step >= 1, got {max_staleness}, {groups_per_step}"
-        )
-    return n_submitted + 1 <= (learner_version + max_staleness + 1) * groups_per_step
-
-
-def staleness_weight(
-    staleness: int, max_staleness: int, policy: str, gamma: float = 0.5
-) -> float | None:
-    """Consumption rule (§8.2 [I]): loss weight of a sample, or None to drop it.
-
-    Within the bound the weight is 1. Beyond it:
-      "drop": None;  "downweight": gamma ** (staleness - max_staleness);
-      "tis" (default): 1, relying on the truncated behaviour weight of §8.3 (learner/losses.py).
-    """
-    if staleness < 0:
-        raise ValueError(f"staleness must be >= 0 (behaviour version ahead of the learner?), got {staleness}")
-    if policy not in ("drop", "downweight", "tis"):
-        raise ValueError(f"policy must be 'drop', 'downweight' or 'tis', got {policy!r}")
-    if staleness <= max_staleness:
-        return 1.0
-    match policy:
-        case "drop":
-            return None
-        case "downweight":
-            return gamma ** (staleness - max_staleness)
-        case _:
-            return 1.0
 
 
 def _quantile(sorted_values: list[int], cum_weights: list[int], q: float) -> float:

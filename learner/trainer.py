@@ -23,6 +23,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import TextIO
 
 from tasks.tiny_model import load_tokenizer
 
@@ -34,13 +35,13 @@ from learner.data import PromptStream, held_out, rollout_spec
 from learner.delay_line import DelayLine, GatheredStep
 from learner.engine import build_engine, build_reference, init_learner_distributed, publish_weights
 from learner.goldens import Goldens
-from learner.groups import (allocation_histogram, engine_load_metrics, group_metrics,
-                            group_staleness, is_stale)
+from learner.groups import allocation_histogram, engine_load_metrics, group_metrics
 from learner.losses import dapo_keep_group
 from learner.ranks import PlanChannel, train_step
 from learner.run_log import RunLog, set_aside_run, write_json_atomic
 from protocol.config import Config, to_dict
 from protocol.config_checks import config_warnings
+from protocol.staleness import age
 from protocol.transport import LearnerEndpoint
 from protocol.weights import WeightGroup, WeightSyncError, announce_sync, host_store
 from tasks.evaluation import evaluate
@@ -56,7 +57,8 @@ class Preempted(Exception):
 
 
 class Learner:
-    def __init__(self, cfg: Config, run_dir: Path, resume: bool):
+    def __init__(self, cfg: Config, run_dir: Path, resume: bool, console: TextIO | None = None):
+        """`console`: where the progress line goes (None: stderr)."""
         self.cfg, self.run_dir = cfg, run_dir
         self.preempt_requested = False
         self._checkpointed_step: int | None = None
@@ -136,7 +138,8 @@ class Learner:
         self._write_processes()
         self.run_log = RunLog(run_dir, to_dict(cfg), wandb_mode=cfg.run.wandb,
                               progress=cfg.run.progress, total_steps=cfg.run.steps,
-                              resume_from_step=self.step if resume else None)
+                              resume_from_step=self.step if resume else None,
+                              progress_stream=console)
 
     def _write_processes(self) -> None:
         """processes.json: every role's pid, host and endpoints; rewritten when actors change."""
@@ -250,7 +253,7 @@ class Learner:
         up to dapo.max_gen_batches, and drops the surplus (docs/ALGORITHMS.md 2); every response of
         every batch counts as generated. A stale group frees its slot for a replacement, and its
         responses count as generated too (their generation was paid for, 3.7)."""
-        c, coord = self.cfg, self.coord
+        c, coord, staleness = self.cfg, self.coord, self.cfg.staleness
         need, batch = c.rollout.prompts_per_step, self.gen_batch
         filtering = c.dapo.dynamic_sampling
         kept, dropped, generated, filtered, rounds = [], [], [], 0, 1
@@ -260,7 +263,7 @@ class Learner:
             self._admit()
             for g in take(rounds * batch - len(generated), keep_pending=c.stale_inject > 0):
                 self.algo.observe(g)
-                if is_stale(g, self.version, c.staleness_bound, c.stale_policy):
+                if staleness.dropped(age(g, self.version)):
                     dropped.append(g)
                     coord.release(1)
                     continue
@@ -282,7 +285,7 @@ class Learner:
                 # trained although staler than the bound (stale_policy tis or downweight): the
                 # groups that outlived admission's bound, kept under the behaviour weight
                 "stale/over_bound_groups": sum(
-                    group_staleness(g, self.version) > c.staleness_bound for g in kept)}
+                    staleness.over_bound(age(g, self.version)) for g in kept)}
         if dropped:
             info["stale/dropped_groups"] = len(dropped)
         if filtering:

@@ -27,6 +27,7 @@ from protocol.presets import merge_under, preset
 from protocol.sections import (ActorsConfig, Aggregation, Algorithm, LearnerConfig,  # noqa: F401
                                LossConfig, ModelConfig, NetConfig, OptimConfig, RolloutConfig,
                                RunConfig, TaskConfig, WarmStartConfig, WeightSyncConfig)
+from protocol.staleness import Staleness
 
 
 @dataclass(frozen=True)
@@ -84,23 +85,18 @@ class Config:
             raise ConfigError("\n".join(problems))
 
     @property
-    def staleness_bound(self) -> int:
-        """The bound in force: sync mode is the special case max_staleness = 0; in a Mu-GRPO
-        stage of mu steps, step u trains on data u versions old."""
+    def staleness(self) -> Staleness:
+        """How old trained data may be (protocol/staleness.py): the mode's bound (sync mode is
+        the special case max_staleness = 0; in a Mu-GRPO stage of mu steps, step u trains on
+        data u versions old), the delay stale_inject adds, and stale_policy's rule."""
         match self.mode:
             case "sync":
-                return 0
+                bound = 0
             case "staged":
-                return self.mugrpo.updates_per_stage - 1
+                bound = self.mugrpo.updates_per_stage - 1
             case _:
-                return self.max_staleness
-
-    @property
-    def admitted_staleness(self) -> int:
-        """The staleness admission hands work out to and consumption holds groups to: the
-        mode's bound, plus the delay `stale_inject` adds (a group waits K versions at the
-        learner, so the actors may run K steps further ahead)."""
-        return self.staleness_bound + self.stale_inject
+                bound = self.max_staleness
+        return Staleness(bound, self.stale_inject, self.stale_policy, self.stale_downweight)
 
     @property
     def work_size(self) -> int:

@@ -92,9 +92,9 @@ def inert_keys(cfg) -> list[tuple[str, str]]:
 
     found, r, loss, ar = [], cfg.rollout, cfg.loss, cfg.ar3po
     fixed = {"sync": "0", "staged": "mugrpo.updates_per_stage - 1"}.get(cfg.mode)
-    if fixed and cfg.max_staleness not in (defaults.max_staleness, cfg.staleness_bound):
+    if fixed and cfg.max_staleness not in (defaults.max_staleness, cfg.staleness.bound):
         found.append(("max_staleness", f"'max_staleness' ({cfg.max_staleness}) does nothing in "
-                      f"mode {cfg.mode}: its staleness bound is {fixed} ({cfg.staleness_bound})"))
+                      f"mode {cfg.mode}: its staleness bound is {fixed} ({cfg.staleness.bound})"))
     if fixed and cfg.stale_policy != defaults.stale_policy:
         found.append(("stale_policy", f"'stale_policy' ({cfg.stale_policy}) does nothing in mode "
                       f"{cfg.mode}: no group comes back staler than the bound, which the mode "

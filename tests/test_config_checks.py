@@ -203,4 +203,4 @@ def test_a_tool_running_one_yaml_in_several_modes_sets_the_keys_it_leaves_inert_
         load_config(shape, ["mode=sync"])
     reset = neutral_overrides(load_config(shape, ["mode=sync"], refuse_inert=False))
     assert reset == ["max_staleness=2"]
-    assert load_config(shape, ["mode=sync", *reset]).staleness_bound == 0
+    assert load_config(shape, ["mode=sync", *reset]).staleness.bound == 0

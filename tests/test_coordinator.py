@@ -10,6 +10,7 @@ import pytest
 from learner.coordinator import Coordinator
 from protocol.messages import (PROTOCOL_VERSION, Group, Heartbeat, Hello, Prompt, RolloutSpec,
                                Sample, SyncWeights, Work)
+from protocol.staleness import Staleness
 from protocol.transport import ActorEndpoint, LearnerEndpoint
 from tests.calibration import record
 
@@ -29,7 +30,7 @@ def learner():
 
 
 def make_coordinator(learner, per_step=4, per_work=2, max_staleness=0) -> Coordinator:
-    return Coordinator(learner, prompt_stream(), SPEC, per_step, per_work, max_staleness)
+    return Coordinator(learner, prompt_stream(), SPEC, per_step, per_work, Staleness(max_staleness))
 
 
 def join(coord: Coordinator, actor_id: int, pid: int) -> ActorEndpoint:
@@ -257,7 +258,7 @@ def test_a_checkpoint_keeps_every_prompt_not_yet_taken_and_a_resumed_coordinator
     assert [p["group_id"] for p in state["pending"]] == ["g3", "g4", "g5", "g6", "g7"]
     a0.close()
 
-    resumed = Coordinator(learner, iter([]), SPEC, 4, 2, 1, slots_taken=0)
+    resumed = Coordinator(learner, iter([]), SPEC, 4, 2, Staleness(1), slots_taken=0)
     resumed.load_state_dict(state)
     b0 = join(resumed, 0, 200)
     assert resumed.sync_weights(1, new_epoch=True)

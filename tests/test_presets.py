@@ -70,7 +70,7 @@ def test_the_pooling_policies_hand_out_a_whole_step_as_one_work_item(tmp_path, n
 
 def test_mugrpo_is_the_staged_schedule_with_ratio_to_behaviour_relaxed_clip_and_veto(tmp_path):
     cfg = load_config(yaml_file(tmp_path), ["algorithm=mugrpo", "mugrpo.updates_per_stage=5"])
-    assert cfg.mode == "staged" and cfg.staleness_bound == 4
+    assert cfg.mode == "staged" and cfg.staleness.bound == 4
     assert (cfg.loss.old_policy, cfg.loss.clip_low, cfg.loss.clip_high) == ("behaviour", 1.0, 4.0)
     assert cfg.mugrpo.veto_scope == "suffix"
 
@@ -108,7 +108,7 @@ def test_combinations_that_make_sense_are_valid(tmp_path):
     hora_rloo = load_config(yaml_file(tmp_path), ["algorithm=hora", "loss.advantage=rloo"])
     assert (hora_rloo.rollout.policy, hora_rloo.loss.advantage) == ("hora", "rloo")
     ar3po_async = load_config(yaml_file(tmp_path), ["algorithm=ar3po", "mode=async"])
-    assert ar3po_async.loss.old_policy == "proximal" and ar3po_async.staleness_bound == 2
+    assert ar3po_async.loss.old_policy == "proximal" and ar3po_async.staleness.bound == 2
 
 
 def test_an_unknown_algorithm_is_an_error_that_lists_the_choices(tmp_path):

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner.staleness import may_admit, staleness_summary, staleness_weight
+from learner.staleness import staleness_summary
+from protocol.staleness import may_admit, staleness_weight
 
 
 def run_admission(eta: int, per_step: int, versions: int) -> list[int]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -102,7 +102,7 @@ def measure(run_dir: str | Path, skip_first: int | None = None,
         raise ValueError(f"{run_dir}: {len(train)} training steps logged; need at least 5")
     skip = max(1, len(train) // 10) if skip_first is None else skip_first
     window = steady_window(rows, skip)
-    staleness = cfg.staleness_bound
+    staleness = cfg.staleness.bound
     notes = []
     if cfg.mode == "staged":
         raise ValueError(f"{run_dir}: mode staged (Mu-GRPO) is not modelled; plan from a sync run")

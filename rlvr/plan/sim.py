@@ -44,6 +44,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from protocol.staleness import Staleness
 from rlvr.plan.stream_actor import DecodeCost, PromptPlan, StreamActor
 
 __all__ = ["CLUSTER", "DecodeCost", "Generation", "LearnerCosts", "Machine", "PromptPlan",
@@ -69,6 +70,11 @@ class Split:
     abort_limit: int | None = 2
     """Under abort: a request dropped this many times decodes on (actors.abort_limit; None:
     dropped at every sync)."""
+
+    @property
+    def staleness(self) -> Staleness:
+        """The run's staleness rules (protocol/staleness.py), which the simulation applies."""
+        return Staleness(self.max_staleness, policy=self.stale_policy)
 
 
 @dataclass(frozen=True)
@@ -180,11 +186,11 @@ class _World:
 
     def admit(self, version: int) -> None:
         """coordinator.admit: work items while the bound allows, to the least loaded actor."""
-        w, bound = self.work, self.split.max_staleness
+        w, staleness = self.work, self.split.staleness
         while True:
             fresh = 0
-            while fresh < w.prompts_per_work and \
-                    self.submitted + fresh + 1 <= (version + bound + 1) * w.prompts_per_step:
+            while fresh < w.prompts_per_work and staleness.may_admit(self.submitted + fresh,
+                                                                     version, w.prompts_per_step):
                 fresh += 1
             if fresh == 0:
                 return
@@ -262,7 +268,8 @@ def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Gene
     skip = max(1, steps // 10) if skip_first is None else skip_first
     skip = min(skip, steps - 1)
     world = _World(split, work, generation, decode, machine, random.Random(seed))
-    need, bound = work.prompts_per_step, split.max_staleness
+    need, staleness = work.prompts_per_step, split.staleness
+    bound = staleness.bound
     version = published = 0
     stale_hist = [0] * (bound + 2)
     dropped = over_bound = stale_max = stale_sum = 0
@@ -279,12 +286,11 @@ def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Gene
             world.admit(published)  # the learner admits against the actors' weights
             while world.ready and len(taken) < need:
                 group = world.ready.popleft()
-                if version - group[0] > bound:  # consumption rule
-                    if split.stale_policy == "drop":  # thrown away, its slot to another
-                        dropped += 1
-                        world.submitted -= 1
-                        continue
-                    over_bound += 1
+                if staleness.dropped(version - group[0]):  # its slot goes to another
+                    dropped += 1
+                    world.submitted -= 1
+                    continue
+                over_bound += staleness.over_bound(version - group[0])
                 taken.append(group)
             if len(taken) >= need:
                 break
