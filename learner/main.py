@@ -13,12 +13,36 @@ import logging
 import os
 import signal
 from pathlib import Path
+from typing import TextIO
 
 import torch
 
+from learner.progress import is_own_line, open_console
 from protocol.config import load_config
 # REQUEUE_EXIT_CODE makes the SLURM job requeue itself
 from protocol.exit_codes import REQUEUE_EXIT_CODE, exit_at_once
+
+
+def set_up_logging(rank: int, run_dir: Path) -> TextIO | None:
+    """Log lines to stderr, and for rank 0 to the user: through the console `rlvr train` passed
+    (returned; stderr is then logs/learner.log, rlvr/launch.py), or else with a copy in the run
+    folder, since a terminal's is lost with it (a closed ssh session). The other ranks' stderr
+    already goes to logs/learner-<rank>.log."""
+    name = f"learner{rank}" if rank else "learner"
+    log_format = f"%(asctime)s {name} %(levelname)s %(message)s"
+    logging.basicConfig(level=logging.INFO, format=log_format)  # stderr
+    console = open_console() if rank == 0 else None
+    if console is not None:  # rlvr's own lines, not its libraries'
+        extra = logging.StreamHandler(console)
+        extra.addFilter(is_own_line)
+    elif rank == 0:
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        extra = logging.FileHandler(run_dir / "logs" / "learner.log")
+    else:
+        return None
+    extra.setFormatter(logging.Formatter(log_format))
+    logging.getLogger().addHandler(extra)
+    return console
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,16 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
-    name = f"learner{rank}" if rank else "learner"
-    log_format = f"%(asctime)s {name} %(levelname)s %(message)s"
-    logging.basicConfig(level=logging.INFO, format=log_format)
-    if rank == 0:  # the other ranks' output already goes to logs/learner-<rank>.log
-        # the terminal's copy is lost with it (a test's captured output, a closed ssh session):
-        # the run folder keeps its own, appended to across resumes
-        (args.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        to_file = logging.FileHandler(args.run_dir / "logs" / "learner.log")
-        to_file.setFormatter(logging.Formatter(log_format))
-        logging.getLogger().addHandler(to_file)
+    console = set_up_logging(rank, args.run_dir)
     cfg = load_config(args.run_dir / "config.yaml", args.overrides, run_folder=True)
     torch.set_num_threads(cfg.learner.threads)
     logging.getLogger("learner").info("torch threads %d", torch.get_num_threads())
@@ -64,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     from protocol.transport import CannotListen
 
     try:
-        learner = Learner(cfg, args.run_dir, args.resume)
+        learner = Learner(cfg, args.run_dir, args.resume, console)
     except (CannotListen, KeysError) as e:  # the user's to fix: one line naming the key
         advice = e.advice() if isinstance(e, CannotListen) else f"net.curve_dir: {e}"
         logging.getLogger("learner").error("%s", advice)
@@ -78,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         learner.run()
     except Preempted as stop:
         reason = "preempted"
-        logging.info("preempted: checkpointed step %d, exiting for requeue", stop.args[0])
+        logging.getLogger("learner").info("preempted: checkpointed step %d, exiting for requeue",
+                                          stop.args[0])
         return REQUEUE_EXIT_CODE
     finally:
         learner.close(reason)

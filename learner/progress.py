@@ -11,15 +11,32 @@ Run the tests with: .venv/bin/python -m pytest tests/test_run_log.py
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any, TextIO
+
+CONSOLE_FD_ENV = "RLVR_CONSOLE_FD"
+"""Names the descriptor `rlvr train` hands its learner for the lines meant for the user
+(rlvr/launch.py); the learner's stdout and stderr go to logs/learner.log with everything its
+libraries print (progress bars, warnings)."""
+OWN_PACKAGES = ("learner", "actors", "protocol", "tasks", "rlvr")
+
+
+def open_console() -> TextIO | None:
+    """The user's terminal when the launcher passed one, else None. The variable is removed, so
+    that no process this one starts looks for a descriptor it was not given."""
+    fd = os.environ.pop(CONSOLE_FD_ENV, None)
+    return os.fdopen(int(fd), "w", buffering=1) if fd else None
+
+
+def is_own_line(record) -> bool:
+    """A log record of rlvr's own code (not a library's)."""
+    return record.name.split(".", 1)[0] in OWN_PACKAGES
 
 
 def is_scalar(value: Any) -> bool:
     """A metric value that is a number (bools are flags, not numbers)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 
 
 def fmt_duration(seconds: float) -> str:

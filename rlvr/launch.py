@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from learner.progress import CONSOLE_FD_ENV
+from protocol.exit_codes import REQUEUE_EXIT_CODE
 from protocol.config import Config, ConfigError, load_config, write_resolved
 from protocol.config_checks import config_warnings
 from rlvr.data_check import preflight
@@ -114,11 +116,24 @@ def run_dir_for(cfg: Config, resume: bool) -> Path:
     return run_dir
 
 
-def spawn(args: list[str], log_path: Path | None, env: dict | None = None) -> subprocess.Popen:
+def spawn(args: list[str], log_path: Path | None, env: dict | None = None,
+          console: bool = False) -> subprocess.Popen:
+    """`python -m ARGS` with its stdout and stderr appended to `log_path` (None: this terminal).
+    `console`: the process also gets this process's stderr as a descriptor of its own, named by
+    CONSOLE_FD_ENV, for the lines it means for the user (learner/main.py): what libraries print
+    (progress bars, warnings, C-level output) stays in the log file."""
     out = open(log_path, "ab") if log_path else None
-    return subprocess.Popen([sys.executable, "-m", *args], stdout=out,
-                            stderr=subprocess.STDOUT if out else None,
-                            env={**os.environ, **(env or {})})
+    fds = (os.dup(sys.stderr.fileno()),) if console and out else ()
+    named = {CONSOLE_FD_ENV: str(fds[0])} if fds else {}
+    try:
+        return subprocess.Popen([sys.executable, "-m", *args], stdout=out,
+                                stderr=subprocess.STDOUT if out else None,
+                                env={**os.environ, **(env or {}), **named}, pass_fds=fds)
+    finally:  # the child holds its own copies
+        for fd in fds:
+            os.close(fd)
+        if out:
+            out.close()
 
 
 def rank_env(cfg: Config, rank: int) -> dict[str, str]:
@@ -135,7 +150,7 @@ def launch(cfg: Config, run_dir: Path, resume: bool = False) -> int:
     write_resolved(cfg, run_dir)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     learner_args = ["learner.main", "--run-dir", str(run_dir)] + (["--resume"] if resume else [])
-    learner = spawn(learner_args, None, rank_env(cfg, 0))
+    learner = spawn(learner_args, run_dir / "logs" / "learner.log", rank_env(cfg, 0), console=True)
     # data-parallel ranks 1..R-1 follow rank 0 and end when it tells them to (or are stopped)
     followers = [spawn(learner_args, run_dir / "logs" / f"learner-{r}.log", rank_env(cfg, r))
                  for r in range(1, cfg.learner.ranks)]
@@ -188,7 +203,17 @@ def launch(cfg: Config, run_dir: Path, resume: bool = False) -> int:
         if learner.poll() is None:  # it did not stop within its 30 s
             stop_all([learner], grace_s=0.0)
         signal.signal(signal.SIGTERM, previous)
-    return learner.wait()
+    code = learner.wait()
+    if code not in (0, REQUEUE_EXIT_CODE):
+        _show_tail(run_dir / "logs" / "learner.log", f"the learner exited with code {code}")
+    return code
+
+
+def _show_tail(log: Path, why: str, lines: int = 40) -> None:
+    """The end of a log whose process failed, on stderr: its traceback went to the file."""
+    tail = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else []
+    print(f"{why}; the last {len(tail)} lines of {log}:", *tail, sep="\n", file=sys.stderr,
+          flush=True)
 
 
 def _interrupt(signum, frame) -> None:

@@ -22,13 +22,13 @@ import math
 import os
 import random
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from transformers.utils import logging as hf_logging
 
 from tasks.prompts import prompt_token_ids
 from tasks.arithmetic import Arithmetic, response_text
@@ -154,6 +154,7 @@ def _train(cfg: Config, out: Path, log) -> None:
                 f"({time.time() - t0:.0f} s)")
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
+    hf_logging.disable_progress_bar()  # `rlvr train` may build it: its terminal shows rlvr's lines
     model.save_pretrained(out)
     tok.save_pretrained(out)
 

@@ -4,6 +4,7 @@ and a real DeepSpeed engine, started the way a user starts them (`rlvr train`)."
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from transformers import AutoModelForCausalLM
@@ -110,11 +111,17 @@ def test_a_group_that_outlives_the_bound_is_trained_and_counted_not_dropped(tmp_
         assert r["resp/len_trained_p90"] == r["resp/len_generated_p90"]
 
 
+# a line a library prints: a progress bar (tqdm's "45%|", "it/s]"), DeepSpeed's "[WARNING]", a
+# Python warning ("FutureWarning: ...", the source line "warnings.warn(...)")
+LIBRARY_LINE = re.compile(
+    r"\d%\||it/s\]|s/it\]|\[(WARNING|INFO)\]|[A-Za-z]*Warning\b|warnings\.warn")
+
+
 def test_a_run_keeps_its_folder_checkpoints_wandb_progress_syncs_and_verdicts_as_set(
         tmp_path, tiny_model):
     """The run folder (config, summary, checkpoints, plots) and the keys that shape a run's
     outputs and plumbing, each set through the config and seen acting (quick_run_args' wandb and
-    progress are overridden)."""
+    progress are overridden); the terminal shows rlvr's lines, the libraries' go to the log."""
     run = tmp_path / "outputs"
     done = run_rlvr(*quick_run_args(run, tiny_model, "mode=sync", "run.steps=2",
                                     "run.checkpoint_every=1", "run.keep_checkpoints=1",
@@ -130,6 +137,13 @@ def test_a_run_keeps_its_folder_checkpoints_wandb_progress_syncs_and_verdicts_as
     run_id = (run / "wandb_id.txt").read_text().strip()
     assert list((run / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
     assert "step 2/2" in done.stderr  # the progress line, at the last step
+    assert "learner INFO actor 0 joined" in done.stderr  # the learner's own log lines
+    shown = [line for line in (done.stdout + done.stderr).splitlines()
+             if LIBRARY_LINE.search(line)]
+    assert shown == []
+    # moved, not lost: the learner's log holds transformers' progress bar and DeepSpeed's warning
+    learner_log = (run / "logs" / "learner.log").read_text()
+    assert "Loading weights" in learner_log and "[WARNING]" in learner_log
     # every sync broadcast the whole model in buckets of at most 1 MiB (the default 64 MiB
     # takes the tiny model in one)
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
