@@ -33,6 +33,15 @@ class BenchError(RuntimeError):
     """A benchmark cannot go on (a run failed, a run folder is in the way)."""
 
 
+def names(text: str) -> tuple[str, ...]:
+    """A comma-separated command-line list, blanks dropped."""
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def with_steps(overrides: list[str], steps: int | None) -> list[str]:
+    return [*overrides, f"run.steps={steps}"] if steps else overrides
+
+
 def run_overrides(user: list[str], steps: int | None, variant: list[str]) -> list[str]:
     """Overrides for one run, later ones winning: bench defaults < the user's < --steps < the
     variant's own (algorithm, seed, mode)."""

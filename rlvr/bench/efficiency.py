@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlvr.bench.common import (machine, markdown_table, run_overrides, shared_model,
+from rlvr.bench.common import (machine, names, markdown_table, run_overrides, shared_model,
                                targets_table, train_run, write_results)
 from rlvr.bench.reduce import (combine_seeds, default_target_acc, efficiency_targets,
                                reductions, run_efficiency)
@@ -118,3 +118,32 @@ def report(results: dict) -> str:
          f"responses to avg@8 >= {results['target_acc'] or 0:.3f} (seeds)", "eval/avg@8",
          "eval/pass@8", "wall s", "x fewer than dapo", "x fewer than grpo"], rows)
     return f"{table}\n{targets_table(results['targets'])}"
+
+
+# ---- the command line: `rlvr bench efficiency` (rlvr/bench/cli.py lists this module) ----
+
+HELP = "responses generated and accuracy per algorithm"
+NEEDS_CONFIG = True
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--seeds", type=int, default=1, help="seeds per algorithm (run.seed 0..K-1)")
+    p.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated")
+    p.add_argument("--target-acc", type=float,
+                   help="eval/avg@8 to count responses until (default: the lowest mean final "
+                        "eval/avg@8 among the algorithms)")
+
+
+def check(args) -> str | None:
+    from protocol.presets import ALGORITHMS as PRESETS
+
+    known = [*PRESETS, *VARIANTS]
+    unknown = [a for a in names(args.algorithms) if a not in known]
+    if unknown or not names(args.algorithms):
+        return f"--algorithms: unknown {unknown}; choose from {known}"
+    return "--seeds must be >= 1" if args.seeds < 1 else None
+
+
+def main(args, out: Path, overrides: list[str]) -> None:
+    run(args.config, out, overrides, args.steps, args.seeds, names(args.algorithms),
+        args.target_acc)

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlvr.bench.common import BenchError, machine, markdown_table, write_results
+from rlvr.bench.common import BenchError, machine, markdown_table, names, with_steps, write_results
 
 MODELS = ("tiny", "real-shape")
 ENGINES = ("hf", "vllm")
@@ -153,3 +153,34 @@ def measure(pair: dict) -> dict:
 
 if __name__ == "__main__":
     print(json.dumps(measure(json.loads(sys.argv[1]))), flush=True)
+
+
+# ---- the command line: `rlvr bench generation` (rlvr/bench/cli.py lists this module) ----
+
+HELP = "HF vs vLLM generation tokens/s and weight update time"
+NEEDS_CONFIG = False
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--models", default="tiny,real-shape", help="comma-separated: tiny, real-shape")
+    p.add_argument("--engines", default="hf,vllm", help="comma-separated: hf, vllm")
+    p.add_argument("--prompts", type=int, default=32, help="prompts per generate call")
+    p.add_argument("--samples", type=int, default=8, help="responses per prompt")
+    p.add_argument("--tokens", type=int, default=32, help="max new tokens per response")
+    p.add_argument("--rounds", type=int, default=3, help="timed calls (after one warm-up)")
+
+
+def check(args) -> str | None:
+    for flag, given, known in [("--models", args.models, MODELS),
+                               ("--engines", args.engines, ENGINES)]:
+        unknown = [n for n in names(given) if n not in known]
+        if unknown or not names(given):
+            return f"{flag}: unknown {unknown}; choose from {list(known)}"
+    low = [f"--{f} must be >= 1" for f in ("prompts", "samples", "tokens", "rounds")
+           if getattr(args, f) < 1]
+    return low[0] if low else None
+
+
+def main(args, out: Path, overrides: list[str]) -> None:
+    run(args.config, out, with_steps(overrides, args.steps), names(args.models),
+        names(args.engines), args.prompts, args.samples, args.tokens, args.rounds)

@@ -35,7 +35,8 @@ import multiprocessing as mp
 import os
 from pathlib import Path
 
-from rlvr.bench.common import BenchError, machine, markdown_table, targets_table, write_results
+from rlvr.bench.common import (BenchError, machine, markdown_table, names, targets_table,
+                               write_results)
 from rlvr.bench.reduce import ratio, target
 
 VARIANTS = ("body", "full", "chunked", "no_recomp")
@@ -208,3 +209,40 @@ def report(results: dict) -> str:
             f"{results['chunk_mb']} MB of logits, float32, 1 thread\n\n"
             + table + ("\n" + "\n".join(left) + "\n" if left else "") + "\n"
             + targets_table(results["targets"]))
+
+
+# ---- the command line: `rlvr bench memory` (rlvr/bench/cli.py lists this module) ----
+
+HELP = "peak learner memory of one micro-batch: full logits vs chunked log-probs"
+NEEDS_CONFIG = None  # no config and no run: one micro-batch of a model it builds
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--tokens", default="1024,4096,8192",
+                   help="micro-batch sizes in tokens, comma-separated")
+    p.add_argument("--seq-len", type=int, default=1024, help="tokens per row")
+    p.add_argument("--vocab", type=int, default=151_936, help="vocabulary (Qwen2.5's)")
+    p.add_argument("--hidden", type=int, default=256, help="hidden size")
+    p.add_argument("--layers", type=int, default=2, help="transformer layers")
+    p.add_argument("--chunk-mb", type=int, default=None,
+                   help="float32 logits per chunk in MB (default: the learner's)")
+
+
+def check(args) -> str | None:
+    tokens = names(args.tokens)
+    if not tokens or not all(t.isdigit() and int(t) > 0 for t in tokens):
+        return f"--tokens: positive whole numbers, comma-separated, not {args.tokens!r}"
+    if args.seq_len <= 64 or any(int(t) % args.seq_len for t in tokens):
+        return "--seq-len must exceed the 64-token prompt and divide every --tokens value"
+    chunk_mb = 1 if args.chunk_mb is None else args.chunk_mb  # None: the learner's
+    if min(args.vocab, args.hidden, args.layers, chunk_mb) < 1:
+        return "--vocab, --hidden, --layers and --chunk-mb must be >= 1"
+    return None
+
+
+def main(args, out: Path, overrides: list[str]) -> None:
+    from learner.logprobs import CHUNK_LOGITS_BYTES
+
+    chunk_mb = args.chunk_mb if args.chunk_mb is not None else CHUNK_LOGITS_BYTES >> 20
+    run(out, [int(t) for t in names(args.tokens)], args.seq_len, args.vocab, args.hidden,
+        args.layers, chunk_mb)

@@ -29,11 +29,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rlvr.bench.common import (machine, markdown_table, run_overrides, targets_table, train_run,
-                               write_results)
+from rlvr.bench.common import (machine, markdown_table, names, run_overrides, targets_table,
+                               train_run, write_results)
 from rlvr.bench.reduce import run_throughput, target
 from learner.run_log import read_metrics
-from rlvr.plan.report import decode_line
 
 TOLERANCE = 0.10
 
@@ -113,6 +112,8 @@ def _pct(x) -> str:
 
 
 def report(results: dict) -> str:
+    from rlvr.plan.report import decode_line
+
     rows = []
     for name, r in results["modes"].items():
         got, pred, clu = r["measured"], r["predicted"], r["predicted_cluster"]
@@ -137,3 +138,25 @@ def report(results: dict) -> str:
             f"{k['learner_slowdown']:.2f}x slower than alone (rlvr/plan/contention.py); the "
             f"cluster model gives each a device of its own\n")
     return f"{head}\n{table}\n{targets_table(results['targets'])}"
+
+
+# ---- the command line: `rlvr bench plan` (rlvr/bench/cli.py lists this module) ----
+
+HELP = "rlvr plan's predicted steps/min against measured runs"
+NEEDS_CONFIG = True
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--staleness", default="0,1,2,4",
+                   help="async runs' max_staleness values, comma-separated (the sync run is "
+                        "always trained: it is the measurement)")
+
+
+def check(args) -> str | None:
+    if not all(s.isdigit() for s in names(args.staleness)) or not names(args.staleness):
+        return f"--staleness: bounds >= 0, comma-separated, not {args.staleness!r}"
+    return None
+
+
+def main(args, out: Path, overrides: list[str]) -> None:
+    run(args.config, out, overrides, args.steps, tuple(int(s) for s in names(args.staleness)))

@@ -23,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from learner.run_log import read_metrics
@@ -155,3 +154,22 @@ def table(s: dict) -> str:
     rows += [[f"peak RSS {role} (GiB)", gb] for role, gb in s["peak_rss_gb"].items()]
     return (f"{s['steps']} steps; medians over steps 2..{s['steps']}\n\n"
             + markdown_table(["real-shape run", "value"], rows))
+
+
+# ---- the command line: `rlvr bench realshape` (rlvr/bench/cli.py lists this module) ----
+
+HELP = ("a few RL steps of a Qwen2.5-0.5B-shaped model: step and sync time, peak memory per "
+        "process")
+NEEDS_CONFIG = False
+
+
+def add_arguments(p) -> None:
+    pass
+
+
+def check(args) -> str | None:
+    return None
+
+
+def main(args, out: Path, overrides: list[str]) -> None:
+    run(args.config, out, overrides, args.steps)

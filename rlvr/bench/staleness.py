@@ -35,7 +35,7 @@ import yaml
 
 from learner.code_version import label
 from learner.run_log import SUMMARY_FILE, read_metrics
-from rlvr.bench.common import BenchError, fmt, markdown_table, read_json, write_results
+from rlvr.bench.common import BenchError, fmt, markdown_table, names, read_json, write_results
 from rlvr.sweep import PLAN_FILE, sweep
 
 OBJECTIVES: dict[str, list[str]] = {
@@ -256,3 +256,31 @@ def plot(results: dict, out: Path) -> list[Path]:
         ax.legend()
         paths.append(_save(fig, out / f"staleness_{key.split('/')[1].replace('@', '_at_')}.png"))
     return paths
+
+
+# ---- the command line: `rlvr bench staleness` (rlvr/bench/cli.py lists this module) ----
+
+HELP = "final accuracy against injected staleness per objective"
+NEEDS_CONFIG = True
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--inject", default="0,4,16,64",
+                   help="injected staleness values K (stale_inject), comma-separated")
+    p.add_argument("--objectives", default="naive,decoupled,mugrpo,m2po",
+                   help="comma-separated of naive, decoupled, mugrpo, m2po")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per cell (run.seed 0..K-1)")
+
+
+def check(args) -> str | None:
+    unknown = [o for o in names(args.objectives) if o not in OBJECTIVES]
+    if unknown or not names(args.objectives):
+        return f"--objectives: unknown {unknown}; choose from {list(OBJECTIVES)}"
+    if not all(k.isdigit() for k in names(args.inject)) or not names(args.inject):
+        return f"--inject: staleness values >= 0, comma-separated, not {args.inject!r}"
+    return "--seeds must be >= 1" if args.seeds < 1 else None
+
+
+def main(args, out: Path, overrides: list[str]) -> None:
+    run(args.config, out, overrides, args.steps, [int(k) for k in names(args.inject)],
+        list(names(args.objectives)), args.seeds)

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlvr.bench.common import (machine, markdown_table, run_overrides, targets_table,
+from rlvr.bench.common import (machine, names, markdown_table, run_overrides, targets_table,
                                train_run, write_results)
 from rlvr.bench.reduce import overlap_bound, ratio, run_throughput, throughput_targets
 from learner.run_log import read_metrics
@@ -167,3 +167,27 @@ def _ms(value) -> float | None:
 
 def _s(value) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+# ---- the command line: `rlvr bench throughput` (rlvr/bench/cli.py lists this module) ----
+
+HELP = "sync vs async vs staged steps/min and the overlap bound"
+NEEDS_CONFIG = True
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                   help=f"comma-separated of {list(MODES)}")
+    p.add_argument("--skip-first", type=int,
+                   help="steps left out at the start of the steady window (default steps/10)")
+
+
+def check(args) -> str | None:
+    unknown = [m for m in names(args.modes) if m not in MODES]
+    if unknown or not names(args.modes):
+        return f"--modes: unknown {unknown}; choose from {list(MODES)}"
+    return None
+
+
+def main(args, out: Path, overrides: list[str]) -> None:
+    run(args.config, out, overrides, args.steps, names(args.modes), args.skip_first)

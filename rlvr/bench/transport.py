@@ -28,7 +28,7 @@ import random
 import time
 from pathlib import Path
 
-from rlvr.bench.common import machine, markdown_table, targets_table, write_results
+from rlvr.bench.common import machine, markdown_table, targets_table, with_steps, write_results
 from rlvr.bench.reduce import median, ratio, share_of_step, target, timed_rounds
 
 HOST = "127.0.0.1"
@@ -183,3 +183,23 @@ def report(results: dict) -> str:
           z["learner_cpu_s_per_message"] * 1e6, results["messages_per_step"],
           results["learner_step_s"], f"{100 * (results['share_of_learner_step'] or 0):.3f}%"]])
     return f"{table}\n{targets_table(results['targets'])}"
+
+
+# ---- the command line: `rlvr bench transport` (rlvr/bench/cli.py lists this module) ----
+
+HELP = "ZeroMQ + codec messages/s and their share of a step"
+NEEDS_CONFIG = False
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--messages", type=int, default=2000, help="Group messages to send")
+    p.add_argument("--step-s", type=float,
+                   help="learner step seconds to compare with (default: measure policy_update)")
+
+
+def check(args) -> str | None:
+    return None
+
+
+def main(args, out: Path, overrides: list[str]) -> None:
+    run(args.config, out, with_steps(overrides, args.steps), args.messages, args.step_s)

@@ -22,7 +22,8 @@ import multiprocessing as mp
 import time
 from pathlib import Path
 
-from rlvr.bench.common import machine, markdown_table, targets_table, write_results
+from rlvr.bench.common import (machine, markdown_table, names, targets_table, with_steps,
+                               write_results)
 from rlvr.bench.reduce import gb_per_s, ratio, target, timed_rounds
 
 HOST = "127.0.0.1"
@@ -178,3 +179,29 @@ def report(results: dict) -> str:
     table = markdown_table(["payload", "MiB", "tensors", "broadcast ms (median)",
                             "broadcast GB/s", "copy GB/s", "broadcast / copy"], rows)
     return f"{table}\n{targets_table(results['targets'])}"
+
+
+# ---- the command line: `rlvr bench weights` (rlvr/bench/cli.py lists this module) ----
+
+HELP = "weight broadcast bandwidth vs a memory copy"
+NEEDS_CONFIG = False
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--big-mb", default="64,256",
+                   help="flat buffer sizes in MB, comma-separated (0 or empty: model only)")
+    p.add_argument("--rounds", type=int, default=5, help="broadcasts per payload (first = warm-up)")
+    p.add_argument("--receivers", type=int, help="receiver processes (default actors.count)")
+
+
+def check(args) -> str | None:
+    if args.rounds < 1:
+        return "--rounds must be >= 1"
+    if not all(mb.isdigit() for mb in names(args.big_mb)):
+        return f"--big-mb: sizes in whole MB, comma-separated, not {args.big_mb!r}"
+    return None
+
+
+def main(args, out: Path, overrides: list[str]) -> None:
+    run(args.config, out, with_steps(overrides, args.steps),
+        [int(mb) for mb in names(args.big_mb) if int(mb) > 0], args.rounds, args.receivers)
