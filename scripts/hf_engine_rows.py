@@ -1,5 +1,5 @@
 """Tokens per second of the HF engine against the rows it holds, in the two ways a stream of
-requests can use it (BENCHMARKS.md, "Long tail"):
+requests can use it:
 
   steady - `rows` requests running, a new one joining as soon as one finishes (what the
            `continue`, `recompute` and `abort` policies keep up between syncs)

@@ -1,15 +1,14 @@
 """Held-out evaluation: k samples per held-out prompt, eval/avg@k and eval/pass@k (docs/ALGORITHMS.md 10).
 
 `evaluate` samples with any engine that has the actors' `generate` signature. The learner passes
-`tasks.sampling.HFSampler` around its own weights (the sampler the actors' HF engine uses), so a
-number logged at step s is the policy of step s, whatever the actors hold at that moment.
+`tasks.sampling.HFSampler` around its own weights, so a number logged at step s is the policy of
+step s, whatever the actors hold at that moment.
 
 With a `seed`, every evaluation samples from the same random numbers, drawn in the same order,
 and the global generator is left as it was. Two evaluations of nearly the same policy then pick
 nearly the same tokens, so the change of eval/avg@k between two steps is the policy's change,
-not sampling luck. Measured on the code task's warm start (48 held-out prompts, k = 16, eight
-evaluations with independent draws): avg@16 0.453 +- 0.024, so two evaluations of one model
-differed by 0.034 (one sd) with no learning at all; seeded, they are equal.
+not sampling luck (with independent draws two evaluations of one model differ by a sizeable
+share of what a short run gains; seeded, they are equal).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Batched sampling from a Hugging Face causal LM, with the behaviour log-prob of every token.
 
-Both sides sample from HF models: the actors' HF engine (actors/engines/hf.py) wraps this with
-weight updates, and the learner's held-out evaluation samples its own weights with it. Keeping
-the one sampler here is what lets the evaluation number and the actors' behaviour policy mean
-the same thing.
+The learner's held-out evaluation and `rlvr eval` sample with it (`model.generate`, a batch at a
+time). The actors' HF engine (actors/engines/hf.py) has a decode loop of its own, which requests
+join and leave between steps; both draw from softmax(logits / temperature) with top-p, so an
+evaluation number and the actors' behaviour policy mean the same thing.
 
 Log-probs are under the distribution each token was drawn from: softmax(logits / temperature),
 before top-p (with the default top_p = 1 that is exactly the sampling distribution). Prompts are
