@@ -45,6 +45,9 @@ MAX_FAIL_RATE = 0.001
 # a condition that starts so is a control: the test must fail there (learning off), so its row
 # shows the margin on the failing side and counts in no pass/fail bar
 CONTROL = "control:"
+# torch's CPU kernel paths a condition starts with: the learning tests start from warm starts that
+# differ by path, so a suite run's chance of failing is worked out per path
+KERNEL_PATHS = ("AVX2", "AVX-512")
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "calibration.jsonl"
 README = ROOT / "tests" / "README.md"
@@ -153,15 +156,31 @@ def short_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if not r["control"] and not meets_bar(r)]
 
 
-def suite_fail_rate(rows: list[dict]) -> float:
+def kernel_path(condition: str) -> str | None:
+    """The kernel path a condition was measured on (its first word), None if it names none."""
+    first = condition.split(",")[0].split()
+    return first[0] if first and first[0] in KERNEL_PATHS else None
+
+
+def suite_fail_rate(rows: list[dict], path: str | None = None) -> float:
     """The chance that a suite run fails on one of these bounds: each bound at its worst
-    measured condition, controls left out, the bounds taken as independent."""
+    measured condition (on kernel path `path` and on conditions naming none, when given),
+    controls left out, the bounds taken as independent."""
     worst: dict[tuple[str, str], float] = {}
     for r in rows:
-        if not r["control"]:
-            key = (r["test"], r["name"])
-            worst[key] = max(worst.get(key, 0.0), r["fail"])
+        if r["control"] or (path and kernel_path(r["condition"]) not in (path, None)):
+            continue
+        key = (r["test"], r["name"])
+        worst[key] = max(worst.get(key, 0.0), r["fail"])
     return 1 - math.prod(1 - f for f in worst.values())
+
+
+def unmeasured_on(rows: list[dict], path: str) -> int:
+    """Bounds with no row measured on kernel path `path` (or on a condition naming none)."""
+    bounds = {(r["test"], r["name"]) for r in rows if not r["control"]}
+    there = {(r["test"], r["name"]) for r in rows
+             if not r["control"] and kernel_path(r["condition"]) in (path, None)}
+    return len(bounds - there)
 
 
 def table(rows: list[dict]) -> str:
@@ -179,8 +198,15 @@ def table(rows: list[dict]) -> str:
                    f"{num(r['mean'])} | {num(r['sd'])} | {bound} | {r['sigmas']:.1f} | "
                    f"{r['fail']:.2g} |")
     out.append("")
+    def on(path: str) -> str:
+        n = unmeasured_on(rows, path)
+        missing = f" ({n} bound{'s' * (n != 1)} not measured there)" if n else ""
+        return f"{path} kernels {suite_fail_rate(rows, path):.2g}{missing}"
+
+    per_path = "; ".join(on(p) for p in KERNEL_PATHS)
     out.append(f"A suite run fails on one of these bounds with a chance of about "
-               f"{suite_fail_rate(rows):.2g} (each bound at its worst condition). Rows marked "
+               f"{suite_fail_rate(rows):.2g} (each bound at its worst condition); by the "
+               f"machine's kernel path: {per_path}. Rows marked "
                f"(short) are below the bar: {MIN_RUNS} runs, with {MIN_SIGMAS} sd to the bound "
                f"or a chance under {MAX_FAIL_RATE:g} per run. A control row's value comes from "
                f"code that must fail the test: its miss is the chance that it passes.")
@@ -216,7 +242,10 @@ def run(args) -> int:
             print(f"calibration: run {i + 1}/{args.runs} exited {done.returncode}", flush=True)
     finally:
         if beside is not None:
-            os.killpg(beside.pid, 15)
+            try:
+                os.killpg(beside.pid, 15)
+            except ProcessLookupError:  # already gone (stopped by hand)
+                pass
             beside.wait()
     lines = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
     if args.save and lines:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.calibration import (CONTROL, MIN_RUNS, MIN_SIGMAS, README, main, meets_bar,
-                               readme_with_table, record, saved_lines, short_rows, suite_fail_rate,
-                               summarize, t_tail)
+from tests.calibration import (CONTROL, MIN_RUNS, MIN_SIGMAS, README, kernel_path, main,
+                               meets_bar, readme_with_table, record, saved_lines, short_rows,
+                               suite_fail_rate, summarize, t_tail, unmeasured_on)
 
 
 def line(value, low=None, high=None, name="t", condition="here"):
@@ -62,6 +62,21 @@ def test_a_control_misses_when_the_wrong_code_would_pass():
     assert control["fail"] == pytest.approx(t_tail(0.1 / (0.01 * math.sqrt(4 / 3)), 2))
     bound = summarize([line(v, low=0.1) for v in (0.3, 0.31, 0.29)])
     assert suite_fail_rate([control, *bound]) == pytest.approx(bound[0]["fail"])
+
+
+def test_the_suite_chance_per_kernel_path_takes_that_paths_rows_and_counts_the_bounds_it_lacks():
+    avx2 = summarize([line(v, low=0.1, condition="AVX2, idle") for v in (0.3, 0.32, 0.28)])
+    avx512 = summarize([line(v, low=0.1, condition="AVX-512 (AMX), idle")
+                        for v in (0.2, 0.25, 0.15)])
+    other = summarize([line(v, high=2.0, name="s") for v in (1.0, 1.1, 0.9)])
+    rows = [*avx2, *avx512, *other]  # the second bound names no path: it counts on both
+    assert kernel_path("AVX-512 (AMX), run.seed 0-4") == "AVX-512"
+    assert kernel_path("AVX2, beside the busy lane") == "AVX2" and kernel_path("idle") is None
+    assert suite_fail_rate(rows, "AVX2") == pytest.approx(
+        1 - (1 - avx2[0]["fail"]) * (1 - other[0]["fail"]))
+    assert suite_fail_rate(rows) == pytest.approx(  # the worst of the two paths
+        1 - (1 - avx512[0]["fail"]) * (1 - other[0]["fail"]))
+    assert unmeasured_on(rows, "AVX2") == 0 and unmeasured_on(avx512 + other, "AVX2") == 1
 
 
 def test_record_writes_only_when_asked(tmp_path, monkeypatch):
