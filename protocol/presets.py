@@ -20,7 +20,7 @@ def preset(name: str) -> dict:
     match name:
         case "grpo":  # 2: fixed N, mean/std advantage, symmetric clip
             return {"rollout": {"policy": "fixed"}, "loss": {"advantage": "grpo"}}
-        case "dapo":  # 2: clip-higher, token-mean, dynamic sampling, +-1 reward, overlong shaping
+        case "dapo":  # 2: clip-higher, token-mean, dynamic sampling, -1/1 reward, overlong shaping
             return {"rollout": {"policy": "fixed"},
                     "dapo": {"dynamic_sampling": True, "signed_reward": True,
                              "overlong": "shaping"},
