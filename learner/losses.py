@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 
 def ppo_token_loss(
@@ -251,17 +252,9 @@ def _as_row(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(1, -1) if x.dim() == 1 else x
 
 
-def gcpo_loss(
-    golden_logp: torch.Tensor,
-    golden_old_logp: torch.Tensor,
-    golden_mask: torch.Tensor,
-    fail_logp: torch.Tensor,
-    fail_old_logp: torch.Tensor,
-    fail_mask: torch.Tensor,
-    eps_c: float = 0.2,
-    form: str = "gated",
-    beta_c: float = 1.0,
-) -> tuple[torch.Tensor, dict[str, float]]:
+def gcpo_loss(golden_logp: Tensor, golden_old_logp: Tensor, golden_mask: Tensor,
+              fail_logp: Tensor, fail_old_logp: Tensor, fail_mask: Tensor, eps_c: float = 0.2,
+              form: str = "gated", beta_c: float = 1.0) -> tuple[Tensor, dict[str, float]]:
     """GCPO contrastive loss for one all-fail group with a verified golden trajectory (§6.2 [I]).
 
     golden_*: (T,) or (1, T); fail_*: (n, T). old log-probs are teacher-forced with step-start

@@ -80,7 +80,17 @@ def value_problems(cfg) -> list[str]:
                       "optim.warmup_steps": cfg.optim.warmup_steps,
                       "optim.weight_decay": cfg.optim.weight_decay,
                       "optim.grad_clip": cfg.optim.grad_clip}, ">= 0")
-    # sampling: the behaviour log-probs and the learner's policy must be the same distribution
+    for problems in (_sampling_problems, _model_problems, _warm_start_problems, _actor_problems,
+                     _shape_problems, _task_problems, _loss_problems, _weight_sync_problems,
+                     _update_problems, _staleness_problems):
+        found += problems(cfg)
+    return found
+
+
+def _sampling_problems(cfg) -> list[str]:
+    """Sampling: the behaviour log-probs and the learner's policy must be one distribution."""
+    found: list[str] = []
+    r = cfg.rollout
     if not r.temperature > 0:
         found.append(f"'rollout.temperature' must be > 0, got {r.temperature}: the policy is "
                      "softmax(logits / temperature); greedy decoding has no log-probs to train on")
@@ -90,12 +100,25 @@ def value_problems(cfg) -> list[str]:
             "full softmax, while under top-p the tokens come from the renormalised nucleus, and "
             "the engines disagree on which log-prob they report (HF: before top-p, vLLM: after), "
             "so the importance ratios would be wrong in one engine or the other")
+    if r.abort_on_first_correct and (r.policy == "fixed"
+                                     or (r.policy == "hora" and not cfg.hora.two_phase)):
+        found.append(f"'rollout.abort_on_first_correct' does nothing with rollout.policy "
+                     f"{r.policy!r}{' (one phase)' if r.policy == 'hora' else ''}: only stages "
+                     "that stop at a correct answer (stop_on_correct, aero's rescue rounds, "
+                     "hora.two_phase's second phase) have samples to abort")
+    return found
+
+
+def _model_problems(cfg) -> list[str]:
+    """The model's shape and device, and the optimizer's ZeRO stage."""
+    found: list[str] = []
+    r = cfg.rollout
     if cfg.model.heads > 0 and cfg.model.hidden % cfg.model.heads:
         found.append(f"'model.hidden' ({cfg.model.hidden}) must be a multiple of 'model.heads' "
                      f"({cfg.model.heads})")
     if not re.fullmatch(r"cpu|cuda(:\d+)?", cfg.model.device):
         found.append(f"'model.device' must be cpu, cuda or cuda:N, got {cfg.model.device!r}")
-    if ws.backend == "nccl" and not cfg.model.device.startswith("cuda"):
+    if cfg.weight_sync.backend == "nccl" and not cfg.model.device.startswith("cuda"):
         found.append("'weight_sync.backend' nccl needs the model on CUDA (model.device cuda), "
                      f"got {cfg.model.device!r}: NCCL broadcasts between GPUs")
     if not 0 <= cfg.optim.zero_stage <= 3:
@@ -104,11 +127,25 @@ def value_problems(cfg) -> list[str]:
         found.append(f"'model.max_positions' ({cfg.model.max_positions}) must exceed "
                      f"'rollout.max_new_tokens' ({r.max_new_tokens}): the tiny model's "
                      "positions hold prompt + response")
+    return found
+
+
+def _warm_start_problems(cfg) -> list[str]:
+    """The warm start's batch and label noise."""
+    found: list[str] = []
     if cfg.warm_start.micro_batch is not None and cfg.warm_start.micro_batch < 1:
         found.append(f"'warm_start.micro_batch' must be >= 1 (rows per pass) or null, got "
                      f"{cfg.warm_start.micro_batch}")
     if not 0 <= cfg.warm_start.label_noise <= 1:
-        found.append(f"'warm_start.label_noise' must be in [0, 1], got {cfg.warm_start.label_noise}")
+        found.append(f"'warm_start.label_noise' must be in [0, 1], got "
+                     f"{cfg.warm_start.label_noise}")
+    return found
+
+
+def _actor_problems(cfg) -> list[str]:
+    """The actors' engine memory and length, where evaluation runs, determinism, ports."""
+    found: list[str] = []
+    r, run, a = cfg.rollout, cfg.run, cfg.actors
     if not 0 < a.gpu_memory_utilization <= 1:
         found.append(f"'actors.gpu_memory_utilization' must be in (0, 1], got "
                      f"{a.gpu_memory_utilization}")
@@ -134,17 +171,12 @@ def value_problems(cfg) -> list[str]:
         if not 0 <= getattr(cfg.net, key) <= 65535:
             found.append(f"'net.{key}' must be a port in 0..65535 (0 = pick one), got "
                          f"{getattr(cfg.net, key)}")
-    if r.abort_on_first_correct and (r.policy == "fixed"
-                                     or (r.policy == "hora" and not cfg.hora.two_phase)):
-        found.append(f"'rollout.abort_on_first_correct' does nothing with rollout.policy "
-                     f"{r.policy!r}{' (one phase)' if r.policy == 'hora' else ''}: only stages "
-                     "that stop at a correct answer (stop_on_correct, aero's rescue rounds, "
-                     "hora.two_phase's second phase) have samples to abort")
-    found += _shape_problems(cfg)
-    found += _task_problems(cfg)
-    found += _loss_problems(cfg)
-    found += _weight_sync_problems(cfg)
-    found += _update_problems(cfg)
+    return found
+
+
+def _staleness_problems(cfg) -> list[str]:
+    """The injected delay and the downweight of stale groups."""
+    found: list[str] = []
     if cfg.stale_inject < 0:
         found.append(f"'stale_inject' must be >= 0 (0 = off), got {cfg.stale_inject}")
     if cfg.stale_inject and cfg.mode == "staged":
@@ -155,7 +187,6 @@ def value_problems(cfg) -> list[str]:
         found.append(f"'stale_downweight' must be in (0, 1), got {cfg.stale_downweight} (1 is "
                      "stale_policy tis without a weight, 0 is drop)")
     return found
-
 
 
 def _shape_problems(cfg) -> list[str]:

@@ -85,12 +85,14 @@ def inert_keys(cfg) -> list[tuple[str, str]]:
     """(key, message) for keys set away from their default where the rest of the config never
     reads them. Refused when a run starts (`load_config`); a run folder resumed under newer
     rules is let through (`run_folder=True`)."""
-    from protocol.algorithm_config import AR3POConfig, GCPOConfig
-    from protocol.sections import LossConfig, RolloutConfig
+    return [*_inert_staleness(cfg), *_inert_rollout(cfg), *_inert_loss(cfg),
+            *_inert_gcpo_reuse(cfg)]
 
+
+def _inert_staleness(cfg) -> list[tuple[str, str]]:
+    """The staleness keys a mode fixes, and the downweight of another stale_policy."""
     defaults = type(cfg)  # the Config class, whose attributes are the defaults
-
-    found, r, loss, ar = [], cfg.rollout, cfg.loss, cfg.ar3po
+    found = []
     fixed = {"sync": "0", "staged": "mugrpo.updates_per_stage - 1"}.get(cfg.mode)
     if fixed and cfg.max_staleness not in (defaults.max_staleness, cfg.staleness.bound):
         found.append(("max_staleness", f"'max_staleness' ({cfg.max_staleness}) does nothing in "
@@ -104,6 +106,14 @@ def inert_keys(cfg) -> list[tuple[str, str]]:
         found.append(("stale_downweight", f"'stale_downweight' ({cfg.stale_downweight}) acts only "
                       f"under stale_policy downweight in mode async (got {cfg.stale_policy}, "
                       f"mode {cfg.mode})"))
+    return found
+
+
+def _inert_rollout(cfg) -> list[tuple[str, str]]:
+    """Work-item size under determinism, the group size of policies that spend their own."""
+    from protocol.sections import RolloutConfig
+
+    found, r = [], cfg.rollout
     if cfg.run.deterministic and r.prompts_per_work != RolloutConfig.prompts_per_work:
         found.append(("rollout.prompts_per_work", f"'rollout.prompts_per_work' "
                       f"({r.prompts_per_work}) does nothing under run.deterministic: each actor "
@@ -113,6 +123,14 @@ def inert_keys(cfg) -> list[tuple[str, str]]:
         spends = "ar3po.stage_sizes" if r.policy == "stop_on_correct" else "aero.n_*"
         found.append(("rollout.group_size", f"'rollout.group_size' ({r.group_size}) is unused by "
                       f"rollout.policy {r.policy}, which spends {spends} per prompt"))
+    return found
+
+
+def _inert_loss(cfg) -> list[tuple[str, str]]:
+    """The behaviour weight's knobs, the trust region's other knobs, the KL kind without KL."""
+    from protocol.sections import LossConfig
+
+    found, loss = [], cfg.loss
     if loss.old_policy == "behaviour":
         for key in ("behav_weight_cap", "behav_weight_mode"):
             if getattr(loss, key) != getattr(LossConfig, key):
@@ -134,6 +152,14 @@ def inert_keys(cfg) -> list[tuple[str, str]]:
     if loss.kl_beta == 0 and loss.kl_kind != LossConfig.kl_kind:
         found.append(("loss.kl_kind", f"'loss.kl_kind' ({loss.kl_kind}) does nothing with "
                       "loss.kl_beta 0 (no KL term)"))
+    return found
+
+
+def _inert_gcpo_reuse(cfg) -> list[tuple[str, str]]:
+    """GCPO's other form's knob; AR3PO's reuse buffer with reuse off or read only at its end."""
+    from protocol.algorithm_config import AR3POConfig, GCPOConfig
+
+    found, ar = [], cfg.ar3po
     gc = cfg.gcpo
     form_key = {"gated": "beta_c", "logsigmoid": "eps_c"}[gc.form]  # the other form's knob
     if getattr(gc, form_key) != getattr(GCPOConfig, form_key):
