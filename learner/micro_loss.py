@@ -17,7 +17,7 @@ With `mugrpo.veto_scope` on, the negative-advantage veto (5.2) masks tokens from
 pi_theta / pi_behav, the current weights (8.4). The KL term (1.5) compares pi_theta with the
 frozen reference's log-probs over the same loss tokens, with the same aggregation.
 Every term is aggregated with the optimizer step's global denominators (1.4), so micro-batch
-losses add up to the mini-batch's loss. Metric sums go into a Counter the caller reduces.
+losses add up to the mini-batch's loss. Each returns its metric sums; the caller reduces them.
 
 Run the tests with: python -m pytest tests/test_update_variants.py tests/test_update_steps.py
 """
@@ -128,11 +128,12 @@ def dropped_tokens(model, rows_k: list[Row], prox_k, spec: UpdateSpec, pad_id: i
 
 
 def pg_loss(model, rows_k: list[Row], prox_k, ref_k, spec: UpdateSpec, pad_id: int,
-            den: Denominators, sums: Counter) -> torch.Tensor:
+            den: Denominators) -> tuple[torch.Tensor, Counter]:
     """The policy-gradient loss of one micro-batch (its share of the optimizer step's mean),
-    with the entropy bonus and the KL term; prox_k, ref_k: per-row step-start and reference
-    log-probs of the response tokens, or None."""
-    lc = spec.loss
+    with the entropy bonus and the KL term, and its metric sums (learner/update.py sums them
+    over micro-batches and ranks); prox_k, ref_k: per-row step-start and reference log-probs
+    of the response tokens, or None."""
+    lc, sums = spec.loss, Counter()
     packed = pack(rows_k, pad_id).to(model_device(model))
     logp, entropy = token_logp(model, packed, spec.temperature, entropy=True,
                                entropy_grad=lc.entropy_coef > 0)
@@ -179,7 +180,7 @@ def pg_loss(model, rows_k: list[Row], prox_k, ref_k, spec: UpdateSpec, pad_id: i
         sums["neg_rows"] += neg.any(dim=-1).sum().item()
         sums["neg_triggered"] += trig.any(dim=-1).sum().item()
         sums["triggers"] += trig.sum().item()
-    return loss
+    return loss, sums
 
 
 def contrast_terms(model, batch: list[ContrastGroup], prox_b, pad_id: int, temperature: float,

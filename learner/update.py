@@ -143,7 +143,9 @@ def policy_update(engine, rows: list[Row], spec: UpdateSpec, pad_id: int,
             # a contrast may fall to other ranks in later passes: its margin counts once, on
             # the rank that has it in the first pass
             first = {j for s in passes[0] for b in s.gc for j in b}
-            prox_gc = _contrast_start(engine, contrasts, mine_gc, first, spec, pad_id, sums)
+            prox_gc, margins = _contrast_start(engine, contrasts, mine_gc, first, spec, pad_id)
+            for margin in margins:
+                sums["gc_margin_start"] += margin
         timing["timing/old_logp"] = time.time() - t
     if reference is not None:
         t = time.time()
@@ -154,8 +156,11 @@ def policy_update(engine, rows: list[Row], spec: UpdateSpec, pad_id: int,
         for s in steps:
             before = (sums["clip_low"] + sums["clip_high"], sums["tokens"])
             if s.passes:  # a mini-batch with no row carrying gradient on any rank: no step
-                norms.append(_optimizer_step(engine, s, rows, contrasts, prox, ref, prox_gc,
-                                             spec, pad_id, world, sums))
+                norm, stats = _optimizer_step(engine, s, rows, contrasts, prox, ref, prox_gc,
+                                              spec, pad_id, world)
+                norms.append(norm)
+                for stat in stats:  # in the order the micro-batches ran
+                    sums.update(stat)
             per_step += [sums["clip_low"] + sums["clip_high"] - before[0],
                          sums["tokens"] - before[1]]
     compute_s = time.time() - t0
@@ -197,11 +202,12 @@ def optimizer_step_staleness(rows: list[Row], spec: UpdateSpec, step: int,
             "stale/optimizer_steps_mean": sum(behind) / len(behind)}
 
 
-def _contrast_start(engine, contrasts, mine_gc, counted, spec, pad_id, sums) -> dict[int, list]:
+def _contrast_start(engine, contrasts, mine_gc, counted, spec, pad_id
+                    ) -> tuple[dict[int, list], list[float]]:
     """Contrast index -> teacher-forced step-start log-probs of [golden, failures...] for the
-    contrasts `mine_gc`; adds the margins (GCPO's `margin` before the step) of those in
-    `counted` to `sums`."""
-    out = {}
+    contrasts `mine_gc`, and the margins (GCPO's `margin` before the step) of those in
+    `counted`."""
+    out, margins = {}, []
     for j in mine_gc:
         rows = contrasts[j].rows()
         got = logp_pass(engine, rows, list(range(len(rows))), spec, pad_id)
@@ -211,14 +217,16 @@ def _contrast_start(engine, contrasts, mine_gc, counted, spec, pad_id, sums) -> 
         _, stats = gcpo_loss(old[:1], old[:1], packed.mask[:1], old[1:], old[1:],
                              packed.mask[1:], spec.gcpo.eps_c, spec.gcpo.form, spec.gcpo.beta_c)
         if j in counted:
-            sums["gc_margin_start"] += stats["margin"]
-    return out
+            margins.append(stats["margin"])
+    return out, margins
 
 
 def _optimizer_step(engine, s: MiniBatch, rows, contrasts, prox, ref, prox_gc,
-                    spec: UpdateSpec, pad_id: int, world: int, sums: Counter) -> float | None:
+                    spec: UpdateSpec, pad_id: int, world: int
+                    ) -> tuple[float | None, list[Counter]]:
     """Forward/backward every micro-batch of mini-batch `s`, then step; returns the gradient
-    norm before clipping."""
+    norm before clipping and the loss terms' metric sums, in the order they ran."""
+    stats: list[Counter] = []
     num_tokens = s.num_tokens
     lc = spec.loss
     if lc.aggregation == "token-mean" and (spec.veto is not None or prox is not None
@@ -236,18 +244,17 @@ def _optimizer_step(engine, s: MiniBatch, rows, contrasts, prox, ref, prox_gc,
     for k, (kind, batch) in enumerate(jobs):
         match kind:
             case "pg":
-                loss = pg_loss(engine, [rows[i] for i in batch], _take(prox, batch),
-                               _take(ref, batch), spec, pad_id, den, sums)
+                loss, pg_stats = pg_loss(engine, [rows[i] for i in batch], _take(prox, batch),
+                                         _take(ref, batch), spec, pad_id, den)
+                stats.append(pg_stats)
             case "gcpo":
                 terms = contrast_terms(engine, [contrasts[j] for j in batch],
                                        _take(prox_gc, batch), pad_id, spec.temperature,
                                        spec.gcpo)
                 loss = spec.gcpo.coef * sum(t for t, _ in terms) / s.num_contrasts
-                for _, stats in terms:
-                    sums["gc_margin"] += stats["margin"]
-                    sums["gc_closed"] += stats["gate_closed_frac"]
-                    sums["gc_seen"] += 1
-                sums["gc_loss"] += loss.item()
+                stats += [Counter(gc_margin=term["margin"], gc_closed=term["gate_closed_frac"],
+                                  gc_seen=1) for _, term in terms]
+                stats.append(Counter(gc_loss=loss.item()))
             case "idle":
                 loss = zero_loss(engine, pad_id, spec.temperature)
         last = k == len(jobs) - 1
@@ -259,7 +266,7 @@ def _optimizer_step(engine, s: MiniBatch, rows, contrasts, prox, ref, prox_gc,
         if last and not own_norm:
             norm = engine.get_global_grad_norm()
             grad_norm = None if norm is None else float(norm)
-    return grad_norm
+    return grad_norm, stats
 
 
 def _take(values: dict | None, indices: list[int]) -> list | None:
