@@ -1,8 +1,8 @@
 """The actor's loop: receive work, generate step by step, stream groups back, take new weights.
 
 Between two decode steps the actor drains its messages: work goes to the per-prompt scheduler
-(actors/stream.py, actors/scheduler.py), a prompt's group is sent the moment it is complete, and
-a weight sync is served as `actors.inflight_update` says: `finish` waits until the samples
+(actors/rollouts.py, actors/scheduler.py), a prompt's group is sent the moment it is complete,
+and a weight sync is served as `actors.inflight_update` says: `finish` waits until the samples
 decoding are done (no new one starts meanwhile), `continue` loads the weights between two decode
 steps and decodes on, `abort` drops the running samples and samples them again under the new
 weights (one already started again `actors.abort_limit` times decodes on instead, so a response
@@ -35,7 +35,7 @@ from tasks.tiny_model import load_tokenizer
 
 from actors.engines.factory import make_engine
 from actors.evaluation import TRAINING_STEPS_PER_EVAL_STEP, ActorEval, refusal
-from actors.stream import Rollouts, engine_load, to_group
+from actors.rollouts import Rollouts, engine_load, to_group
 from tasks.verifier import Verifier
 from protocol.config import Config
 from protocol.messages import (PROTOCOL_VERSION, EvalWork, Heartbeat, Hello, Shutdown,
@@ -145,103 +145,148 @@ def newest_epoch_syncs(syncs: list[SyncWeights]) -> list[SyncWeights]:
     return [m for m in syncs if m.group_epoch == newest]
 
 
-def run_actor(cfg: Config, actor_id: int, seed: int = 0) -> int:
-    tokenizer = load_tokenizer(cfg.model.path)
-    engine = make_engine(cfg.actors.engine, cfg.model.path, **engine_kwargs(cfg, seed))
-    verifier = Verifier(cfg.actors.verifier_timeout_s, reward=cfg.task.reward)
-    rollouts = Rollouts(engine, tokenizer, verifier, cfg.rollout.abort_on_first_correct,
-                        every_verdict=cfg.run.deterministic)
-    # the pid makes a restarted actor a new ZeroMQ peer (the learner then drops the old one)
-    endpoint = ActorEndpoint(cfg.net.learner_host, cfg.net.zmq_port,
-                             f"actor-{actor_id}-{os.getpid()}".encode(),
-                             curve_dir=cfg.net.curve_dir or None, vocab_size=len(tokenizer))
+class Actor:
+    """One actor process: its engine, scheduler, verifier, endpoint and place in the weight
+    group, and what it holds between two turns of its loop: the syncs announced and not yet
+    served, an evaluation waiting for them, the evaluations running."""
 
-    def send(msg_type, **kw):
-        version = -1 if weights.version is None else weights.version
-        endpoint.send(msg_type(protocol_version=PROTOCOL_VERSION, policy_version=version, **kw))
+    def __init__(self, cfg: Config, actor_id: int, seed: int = 0):
+        self.cfg, self.actor_id = cfg, actor_id
+        self.tokenizer = load_tokenizer(cfg.model.path)
+        self.engine = make_engine(cfg.actors.engine, cfg.model.path, **engine_kwargs(cfg, seed))
+        self.verifier = Verifier(cfg.actors.verifier_timeout_s, reward=cfg.task.reward)
+        self.rollouts = Rollouts(self.engine, self.tokenizer, self.verifier,
+                                 cfg.rollout.abort_on_first_correct,
+                                 every_verdict=cfg.run.deterministic)
+        # the pid makes a restarted actor a new ZeroMQ peer (the learner then drops the old one)
+        self.endpoint = ActorEndpoint(cfg.net.learner_host, cfg.net.zmq_port,
+                                      f"actor-{actor_id}-{os.getpid()}".encode(),
+                                      curve_dir=cfg.net.curve_dir or None,
+                                      vocab_size=len(self.tokenizer))
+        self.weights = WeightMembership(cfg, self.engine, self.beat)
+        self.syncs: list[SyncWeights] = []  # announced, not yet served
+        self.announced_at = 0  # rollouts.decode_steps when the first of them arrived
+        # an evaluation waits here until the syncs announced before it are served: its version
+        # is then the one the actor holds; nothing more is read meanwhile (a later sync stays
+        # queued)
+        self.eval_due: EvalWork | None = None
+        self.evals: list[ActorEval] = []  # running on snapshots of their versions' weights
+        self.last_beat = time.monotonic()
 
-    def beat():
-        send(Heartbeat, actor_id=actor_id, busy=rollouts.busy)
+    @property
+    def version(self) -> int:
+        """The policy version of the weights held; -1 while they are unusable."""
+        return -1 if self.weights.version is None else self.weights.version
 
-    weights = WeightMembership(cfg, engine, beat)
-    send(Hello, actor_id=actor_id, host=socket.gethostname(), pid=os.getpid())
-    syncs: list[SyncWeights] = []  # announced, not yet served
-    announced_at = 0  # rollouts.decode_steps when the first of them arrived
-    # an evaluation waits here until the syncs announced before it are served: its version is
-    # then the one the actor holds; nothing more is read meanwhile (a later sync stays queued)
-    eval_due: EvalWork | None = None
-    evals: list[ActorEval] = []  # running on snapshots of their versions' weights
-    last_beat = time.monotonic()
-    try:
-        while True:
-            active = (rollouts.decoding or rollouts.verify.pending or bool(syncs) or bool(evals)
-                      or eval_due is not None)
-            msg = endpoint.recv(0.0 if active else cfg.actors.heartbeat_s) if eval_due is None \
-                else None
-            while msg is not None:
-                match msg:
-                    case SyncWeights():
-                        if not syncs:
-                            announced_at = rollouts.decode_steps
-                        syncs.append(msg)
-                    case Shutdown():
-                        log.info("shutdown at policy version %s", weights.version)
-                        return 0
-                    case Work():
-                        rollouts.add_work(msg)  # held while a sync is pending or failed
-                    case EvalWork():
-                        eval_due = msg
-                        break
-                msg = endpoint.recv(0.0)
-            if syncs and serve_syncs(cfg.actors.inflight_update, rollouts, weights, syncs,
-                                     cfg.actors.abort_limit):
-                log.info("weights of version %s in, %d decode steps after the sync was announced "
-                         "(%s); %d samples decoding; at decode step %d", weights.version,
-                         rollouts.decode_steps - announced_at, cfg.actors.inflight_update,
-                         len(engine.running()), rollouts.decode_steps)
-                syncs = []
-                if weights.version is None:
-                    last_beat = 0.0  # beat now: the learner is sorting out who is alive
-            if eval_due is not None and not syncs:
-                if weights.version != eval_due.policy_version or cfg.actors.engine != "hf":
-                    why = (f"actors.engine {cfg.actors.engine} cannot keep a snapshot of the "
-                           "weights" if cfg.actors.engine != "hf" else
-                           f"this actor holds version {weights.version}")
-                    log.warning("evaluation %s of version %d refused: %s", eval_due.eval_id,
-                                eval_due.policy_version, why)
-                    endpoint.send(refusal(eval_due, actor_id, why, eval_due.policy_version))
-                else:
-                    evals.append(ActorEval(eval_due, engine, tokenizer, verifier))
-                    log.info("evaluation %s of version %d started: %d prompts x (%d samples + "
-                             "greedy)", eval_due.eval_id, eval_due.policy_version,
-                             len(eval_due.prompts), eval_due.k)
-                eval_due = None
-            training = rollouts.decoding  # evaluation: in the idle time first, else a share
-            for result in rollouts.step(
-                    wait_s=0.0 if any(ev.engine.unfinished() for ev in evals) else 0.002):
-                version = -1 if weights.version is None else weights.version
-                endpoint.send(to_group(result, actor_id, version, engine_load(rollouts)))
-            for ev in list(evals):
-                ev.step(decode=not training
-                        or rollouts.decode_steps % TRAINING_STEPS_PER_EVAL_STEP == 0)
-                if ev.done:
-                    result = ev.result(actor_id)
-                    endpoint.send(result)
-                    log.info("evaluation %s sent: %d tokens in %.1f s", result.eval_id,
-                             result.tokens, result.seconds)
-                    ev.close()
-                    evals.remove(ev)
-            if time.monotonic() - last_beat >= cfg.actors.heartbeat_s:
-                beat()
-                last_beat = time.monotonic()
-    finally:
-        for ev in evals:
+    def send(self, msg_type, **kw) -> None:
+        self.endpoint.send(msg_type(protocol_version=PROTOCOL_VERSION,
+                                    policy_version=self.version, **kw))
+
+    def beat(self) -> None:
+        self.send(Heartbeat, actor_id=self.actor_id, busy=self.rollouts.busy)
+
+    def run(self) -> int:
+        """Serve the learner until it says Shutdown; returns the exit code."""
+        self.send(Hello, actor_id=self.actor_id, host=socket.gethostname(), pid=os.getpid())
+        self.last_beat = time.monotonic()
+        try:
+            while not self._read_messages():
+                self._serve_syncs()
+                self._start_due_evaluation()
+                self._decode()
+                if time.monotonic() - self.last_beat >= self.cfg.actors.heartbeat_s:
+                    self.beat()
+                    self.last_beat = time.monotonic()
+            log.info("shutdown at policy version %s", self.weights.version)
+            return 0
+        finally:
+            self.close()
+
+    def _read_messages(self) -> bool:
+        """Take in the messages waiting (when idle, waiting up to a heartbeat for one); True at
+        Shutdown. Nothing is read while an evaluation waits for the syncs before it."""
+        if self.eval_due is not None:
+            return False
+        r = self.rollouts
+        active = r.decoding or r.verify.pending or bool(self.syncs) or bool(self.evals)
+        msg = self.endpoint.recv(0.0 if active else self.cfg.actors.heartbeat_s)
+        while msg is not None:
+            match msg:
+                case SyncWeights():
+                    if not self.syncs:
+                        self.announced_at = r.decode_steps
+                    self.syncs.append(msg)
+                case Shutdown():
+                    return True
+                case Work():
+                    r.add_work(msg)  # held while a sync is pending or failed
+                case EvalWork():
+                    self.eval_due = msg
+                    return False
+            msg = self.endpoint.recv(0.0)
+        return False
+
+    def _serve_syncs(self) -> None:
+        c, r = self.cfg.actors, self.rollouts
+        if not self.syncs or not serve_syncs(c.inflight_update, r, self.weights, self.syncs,
+                                             c.abort_limit):
+            return
+        log.info("weights of version %s in, %d decode steps after the sync was announced (%s); "
+                 "%d samples decoding; at decode step %d", self.weights.version,
+                 r.decode_steps - self.announced_at, c.inflight_update,
+                 len(self.engine.running()), r.decode_steps)
+        self.syncs = []
+        if self.weights.version is None:
+            self.last_beat = 0.0  # beat now: the learner is sorting out who is alive
+
+    def _start_due_evaluation(self) -> None:
+        """Start the evaluation waiting, once the syncs before it are served, or refuse it."""
+        due, engine = self.eval_due, self.cfg.actors.engine
+        if due is None or self.syncs:
+            return
+        if self.weights.version != due.policy_version or engine != "hf":
+            why = (f"actors.engine {engine} cannot keep a snapshot of the weights"
+                   if engine != "hf" else f"this actor holds version {self.weights.version}")
+            log.warning("evaluation %s of version %d refused: %s", due.eval_id,
+                        due.policy_version, why)
+            self.endpoint.send(refusal(due, self.actor_id, why, due.policy_version))
+        else:
+            self.evals.append(ActorEval(due, self.engine, self.tokenizer, self.verifier))
+            log.info("evaluation %s of version %d started: %d prompts x (%d samples + greedy)",
+                     due.eval_id, due.policy_version, len(due.prompts), due.k)
+        self.eval_due = None
+
+    def _decode(self) -> None:
+        """One decode step of the training rows, sending the groups it completes, and of the
+        evaluations (in the idle time first, else a share), sending those it completes."""
+        training = self.rollouts.decoding
+        wait_s = 0.0 if any(ev.engine.unfinished() for ev in self.evals) else 0.002
+        for result in self.rollouts.step(wait_s=wait_s):
+            self.endpoint.send(to_group(result, self.actor_id, self.version,
+                                        engine_load(self.rollouts)))
+        for ev in list(self.evals):
+            ev.step(decode=not training
+                    or self.rollouts.decode_steps % TRAINING_STEPS_PER_EVAL_STEP == 0)
+            if ev.done:
+                result = ev.result(self.actor_id)
+                self.endpoint.send(result)
+                log.info("evaluation %s sent: %d tokens in %.1f s", result.eval_id,
+                         result.tokens, result.seconds)
+                ev.close()
+                self.evals.remove(ev)
+
+    def close(self) -> None:
+        for ev in self.evals:
             ev.close()
-        weights.leave()
-        rollouts.close()
-        verifier.close()
-        endpoint.close()
-        engine.close()
+        self.weights.leave()
+        self.rollouts.close()
+        self.verifier.close()
+        self.endpoint.close()
+        self.engine.close()
+
+
+def run_actor(cfg: Config, actor_id: int, seed: int = 0) -> int:
+    return Actor(cfg, actor_id, seed).run()
 
 
 def serve_syncs(policy: str, rollouts: Rollouts, weights: WeightMembership,

@@ -16,7 +16,7 @@ step (only at the end), the row carries the newer one and counts the other in
 `eval/superseded`, and the file keeps both. An evaluation whose share was refused (the actor no
 longer held v), came back malformed, or whose actor was lost is abandoned: `eval/abandoned`
 counts it, a warning says why, and the next one is not held up. The final one abandoned, the
-learner evaluates the final weights itself (`learner_fallback`, learner/trainer.py).
+learner evaluates the final weights itself (`learner_fallback`, learner/step_eval.py).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from learner.curation import aero_select, rescue_outcome, shaped_reward
-from learner.groups import group_advantages
+from learner.group_metrics import group_advantages
 from learner.reuse import ReuseBuffer, ReuseEntry, reuse_into_group
 from learner.staleness import staleness_summary
 from learner.update import ContrastGroup, LossRow

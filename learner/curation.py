@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 
 from learner.advantages import bayesian_degenerate_advantages
-from learner.groups import group_advantages
+from learner.group_metrics import group_advantages
 from learner.losses import dapo_overlong_penalty
 from protocol.algorithm_config import AEROConfig, DAPOConfig
 from protocol.config import LossConfig

@@ -93,6 +93,49 @@ def train_step(engine, cfg: Config, pad_id: int, rows: list[LossRow],
     return policy_update(engine, rows, UpdateSpec.of(cfg), pad_id, contrasts, reference, step)
 
 
+class Leader:
+    """Learner rank 0's model: the trained engine and the KL reference, with every step, load
+    and checkpoint told to the follower ranks first (a no-op channel with one rank)."""
+
+    def __init__(self, cfg: Config, run_dir: Path, tokenizer):
+        from learner.engine import build_engine, build_reference
+
+        self.cfg, self.run_dir, self.tokenizer = cfg, run_dir, tokenizer
+        self.engine = build_engine(cfg, cfg.model.path)
+        self.reference = build_reference(cfg)  # KL: the initial weights, also after a resume
+        self.followers = PlanChannel()
+        self.checkpointed_step: int | None = None
+
+    def load(self, path: Path) -> dict:
+        """Every rank restores the checkpoint at `path`; returns its run state."""
+        from learner.checkpoint import load_checkpoint
+
+        self.followers.tell("load", path=str(path))
+        return load_checkpoint(path, self.engine)
+
+    def train(self, rows: list[LossRow], contrasts: list[ContrastGroup], step: int) -> dict:
+        self.followers.tell("train", rows=rows, contrasts=contrasts, step=step)
+        return train_step(self.engine, self.cfg, self.tokenizer.pad_token_id, rows, contrasts,
+                          self.reference, step)
+
+    def checkpoint(self, step: int, run_state: dict) -> None:
+        """Checkpoint step `step` with `run_state` beside the weights (once per step)."""
+        from learner.checkpoint import save_checkpoint
+
+        if self.checkpointed_step == step:
+            return
+        self.checkpointed_step = step
+        self.followers.tell("checkpoint", step=step)
+        save_checkpoint(self.run_dir, step, self.engine, self.tokenizer, run_state,
+                        keep_last=self.cfg.run.keep_checkpoints)
+
+    def stop(self, reason: str) -> None:
+        try:
+            self.followers.tell("stop", reason=reason)
+        except Exception as e:  # noqa: BLE001 - ranks already gone; the launcher stops them
+            log.warning("could not tell the other learner ranks to stop: %s", e)
+
+
 class Follower:
     """Learner rank 1..R-1: an engine that does what rank 0's plans say, until `stop`."""
 

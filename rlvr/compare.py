@@ -7,7 +7,7 @@ running runs all work), writes `DIR/compare_<curve>.png` (one colour per run) an
 and returns the markdown table. `rlvr sweep` ends with the same table and plots over its runs.
 
 Per run (`run_summary`): steps, steps/min over the steady window (evaluations left out, the first
-tenth and the last step too: rlvr/bench/reduce.py), generated responses in all and per prompt,
+tenth and the last step too: rlvr/bench/run_metrics.py), generated responses in all and per prompt,
 the last held-out eval/avg@k and eval/pass@k, the mean and largest staleness of trained samples
 and the wall time. Curves (each skipped when no run logged its keys): steps/min, cumulative
 generated responses, held-out accuracy, staleness, training reward, responses per prompt.
@@ -25,7 +25,7 @@ from pathlib import Path
 from learner.plots import draw, new_axes, save_png, series
 from learner.progress import fmt_duration, is_scalar
 from learner.run_log import read_metrics
-from rlvr.bench.reduce import run_throughput, total, training_rows, values
+from rlvr.bench.run_metrics import run_throughput, total, training_rows, values
 
 _EVAL_AVG = re.compile(r"^eval/avg@(\d+)$")
 

@@ -9,7 +9,7 @@ import pytest
 from learner.algorithms import AlgorithmState, build_step
 from learner.curation import aero_select, rescue_outcome, shaped_reward
 from learner.data import PromptSource, responses_cap, rollout_spec
-from learner.groups import group_metrics
+from learner.group_metrics import group_metrics
 from protocol.config import Config, build
 from protocol.messages import Group, Prompt, Sample
 from protocol.presets import merge_under, preset

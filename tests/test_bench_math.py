@@ -1,4 +1,4 @@
-"""The arithmetic of `rlvr bench` (rlvr/bench/reduce.py and the summaries built on it) on
+"""The arithmetic of `rlvr bench` (rlvr/bench/run_metrics.py and the summaries built on it) on
 synthetic metric rows, where every expected number can be worked out by hand."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 
 from rlvr.bench import efficiency, throughput
-from rlvr.bench.reduce import (accuracy_by_responses, default_target_acc, first_reach,
+from rlvr.bench.run_metrics import (accuracy_by_responses, default_target_acc, first_reach,
                                   gb_per_s, length_quantiles, mean_std, overlap_bound,
                                   reductions, run_efficiency, run_throughput, share_of_step,
                                   steady_window,

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from actors.engines.hf import HFEngine
-from actors.stream import Rollouts
+from actors.rollouts import Rollouts
 from protocol.messages import Prompt, RolloutSpec, Work
 from tasks.tiny_model import build_tiny, load_tokenizer
 from tasks.verifier import Verifier

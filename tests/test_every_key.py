@@ -469,7 +469,7 @@ def sample(cfg: Config, tok, items: list) -> list:
     """Every sample an actor of `cfg` draws for work `items`, by group."""
     import torch
 
-    from actors.stream import Rollouts
+    from actors.rollouts import Rollouts
     from actors.worker import engine_kwargs, make_engine
     from tasks.verifier import Verifier
 

@@ -1,7 +1,7 @@
 """Generation cost counts every generated response (docs/ALGORITHMS.md 3.7): groups dropped as too
 stale at consumption were generated all the same, so they count in `gen/responses_per_*`.
 
-The learner's own gathering loop (`Learner._gather`) runs here against a scripted coordinator:
+The learner's own gathering loop (`StepGatherer.gather`) runs here against a scripted coordinator:
 the groups arrive as they would from the actors, one of them staler than the bound."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import msgspec
 import pytest
 
 from learner.algorithms import AlgorithmState
-from learner.groups import engine_load_metrics, group_metrics
-from learner.trainer import Learner
+from learner.group_metrics import engine_load_metrics, group_metrics
+from learner.gather import StepGatherer
 from protocol.config import Config, build
 from protocol.messages import EngineLoad, Group, Sample
 from protocol.presets import merge_under, preset
@@ -50,13 +50,16 @@ class ScriptedCoordinator:
     def poll(self, timeout_s: float) -> bool:
         return False
 
+    def admit(self, version: int, bound: int | None = None) -> None:
+        pass  # what arrives is scripted
+
 
 def gather(cfg: Config, arrivals: list[Group], version: int):
-    learner = SimpleNamespace(cfg=cfg, coord=ScriptedCoordinator(arrivals), version=version,
-                              gen_batch=cfg.rollout.prompts_per_step, algo=AlgorithmState(cfg),
-                              _admit=lambda: None, _keep_actors=lambda: None)
-    step = Learner._gather(learner)
-    return step.kept, step.generated, step.dropped, step.info, learner.coord
+    coord = ScriptedCoordinator(arrivals)
+    fleet = SimpleNamespace(actors_version=version, keep=lambda reform_at=None: None)
+    gatherer = StepGatherer(cfg, coord, AlgorithmState(cfg), fleet, step=0, version=0)
+    step = gatherer.next(step=version, version=version)
+    return step.kept, step.generated, step.dropped, step.info, coord
 
 
 def test_a_stale_dropped_group_counts_in_the_steps_generation_cost():

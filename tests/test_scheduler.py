@@ -282,7 +282,7 @@ def test_stopping_samples_held_through_a_sync_takes_them_out_of_the_hold(tmp_pat
     from transformers import AutoModelForCausalLM
 
     from actors.engines.hf import HFEngine
-    from actors.stream import Rollouts
+    from actors.rollouts import Rollouts
     from tasks.tiny_model import build_tiny
     from tasks.verifier import Verifier
 

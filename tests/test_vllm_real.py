@@ -20,7 +20,7 @@ import vllm  # noqa: F401 - fail, not skip, where vLLM is missing
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actors.engines.vllm import VLLMEngine
-from actors.stream import Rollouts
+from actors.rollouts import Rollouts
 from actors.worker import engine_kwargs, make_engine
 from protocol.config import load_config
 from protocol.messages import PROTOCOL_VERSION, Prompt, RolloutSpec, Work
@@ -260,7 +260,7 @@ def work_of(problems, prompts, spec: RolloutSpec) -> Work:
 
 
 def roll_out(engine, tokenizer, verifier, work: Work):
-    """The actor's generation of one work item (actors/stream.py) on `engine`: every prompt's
+    """The actor's generation of one work item (actors/rollouts.py) on `engine`: every prompt's
     finished group, in the work item's order."""
     rollouts = Rollouts(engine, tokenizer, verifier)
     rollouts.add_work(work)

@@ -8,7 +8,7 @@
 
 Each writes `<out>/results.json` (with a `targets` block: met or not, with the numbers) and PNG
 plots where there are curves (`plots.py`), and prints its tables. The arithmetic is in
-`reduce.py` (pure, unit tested); `common.py` runs training runs through the same launcher as
+`run_metrics.py` (pure, unit tested); `common.py` runs training runs through the same launcher as
 `rlvr train`; `cli.py` is the command line, and a bench is one module listed in its `BENCHES`
 (its measurement, its flags and their checks).
 """

@@ -5,7 +5,7 @@
 Trains grpo, dapo, ar3po, aero and hora (`--algorithms` to choose) on the same config: same
 task, model, steps and prompts per step; only `algorithm=` and `run.seed=` differ between runs
 (the tiny model is warm-started once, with the config's seed, and every run starts from it).
-From each run's metrics.jsonl (rlvr/bench/reduce.py):
+From each run's metrics.jsonl (rlvr/bench/run_metrics.py):
   - responses generated per step and per prompt (docs/ALGORITHMS.md 3.7: fresh responses only,
     every generated group counted, DAPO's filtered over-sampling included: the learner logs
     `gen/responses_per_step` over all groups generated for the step), whole-run mean and
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from rlvr.bench.common import (machine, names, markdown_table, run_overrides, shared_model,
                                targets_table, train_run, write_results)
-from rlvr.bench.reduce import (combine_seeds, default_target_acc, efficiency_targets,
+from rlvr.bench.run_metrics import (combine_seeds, default_target_acc, efficiency_targets,
                                reductions, run_efficiency)
 from learner.run_log import read_metrics
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from rlvr.bench.reduce import EVAL_AVG, accuracy_by_responses, is_number, training_rows
+from rlvr.bench.run_metrics import EVAL_AVG, accuracy_by_responses, is_number, training_rows
 from learner.plots import series
 
 

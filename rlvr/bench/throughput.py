@@ -22,7 +22,7 @@ evaluation pauses training; every other rate leaves evaluation out).
 The table reports the learner's wait per weight sync (`sync/learner_wait_s`: from telling the
 actors to sync to the last one holding the weights) side by side.
 Evaluation runs only after the last step (run.eval_every = steps unless overridden). Numbers
-come from each run's steady window (rlvr/bench/reduce.py): the first `--skip-first` steps
+come from each run's steady window (rlvr/bench/run_metrics.py): the first `--skip-first` steps
 (default a tenth of the steps) are left out, because they fill the pipeline and async banks up
 to max_staleness steps of groups in them, which a short window would count as speed; the last
 step (final evaluation and checkpoint) is left out too. Reported: steps per minute, generated
@@ -47,7 +47,7 @@ from pathlib import Path
 
 from rlvr.bench.common import (machine, names, markdown_table, run_overrides, targets_table,
                                train_run, write_results)
-from rlvr.bench.reduce import overlap_bound, ratio, run_throughput, throughput_targets
+from rlvr.bench.run_metrics import overlap_bound, ratio, run_throughput, throughput_targets
 from learner.run_log import read_metrics
 
 EVAL_EVERY = 5  # the evaluation modes: held-out evaluation this often, in the steady window

@@ -4,7 +4,7 @@ over: the actor model's batching.
     python -m rlvr.plan.decode_probe runs/bench/plan/runs/sync
 
 An actor decodes every request it holds in the same engine steps (continuous batching, actors/
-stream.py), so a sample is cheaper when many are in flight: on the tiny model a step costs about
+rollouts.py), so a sample is cheaper when many are in flight: on the tiny model a step costs about
 the same for 10 rows as for 100. A step also costs more the longer the rows' contexts are (every
 row attends over the keys and values of its prompt and its answer so far): an engine kept full
 by a stream of requests holds rows at every point of their answers, and pays more per row than

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from learner.run_log import read_metrics
-from rlvr.bench.reduce import is_number, run_throughput, steady_window, step_train_tokens
+from rlvr.bench.run_metrics import is_number, run_throughput, steady_window, step_train_tokens
 from rlvr.plan.decode_probe import PROBE_KEYS
 from rlvr.plan.model import GenerationModel, ItemRecord, fit_generation
 from rlvr.plan.sim import DecodeCost, LearnerCosts, Split, Workload, simulate
@@ -72,7 +72,7 @@ class Measurements:
     """G: a step's generation on one actor, as the (calibrated) model plays a sync run."""
     items: int
     measured: dict
-    """The run's own throughput numbers (rlvr/bench/reduce.py run_throughput)."""
+    """The run's own throughput numbers (rlvr/bench/run_metrics.py run_throughput)."""
     notes: list[str] = field(default_factory=list)
 
 

@@ -1,7 +1,7 @@
 """An event simulation of the actor-learner schedule: what steps/min a split would reach.
 
 What: `simulate(split, workload, costs, generation, steps)` plays the learner's loop and A actors
-forward in simulated time, exactly as learner/trainer.py, learner/coordinator.py and
+forward in simulated time, exactly as learner/gather.py, learner/coordinator.py and
 actors/worker.py schedule them, and returns steps/min, busy fractions and the staleness reached.
 Pure: no I/O, no clock, no config objects; randomness only from the `seed` given.
 
@@ -27,7 +27,7 @@ The schedule it plays (docs/ARCHITECTURE.md "How data flows"; docs/ALGORITHMS.md
     another computes beside it (rlvr/plan/contention.py measures it on this machine).
 
 Steps/min and the busy fractions are over the steady window (steps after the first
-`skip_first`), as `rlvr bench throughput` measures a run (rlvr/bench/reduce.py).
+`skip_first`), as `rlvr bench throughput` measures a run (rlvr/bench/run_metrics.py).
 
     from rlvr.plan.sim import simulate, Split, Workload, LearnerCosts, DecodeCost, fixed_prompts
     r = simulate(Split(actors=2, learner_ranks=1, max_staleness=2), Workload(32, 8),
@@ -282,7 +282,7 @@ def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Gene
             busy_at_skip = [a.busy_s for a in world.actors]
         t0 = world.now
         taken: list[tuple[int, float]] = []
-        while True:  # learner._gather
+        while True:  # learner/gather.py StepGatherer.gather
             world.admit(published)  # the learner admits against the actors' weights
             while world.ready and len(taken) < need:
                 group = world.ready.popleft()
