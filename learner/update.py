@@ -173,11 +173,17 @@ def policy_update(engine, rows: list[Row], spec: UpdateSpec, pad_id: int,
     metrics["train/micro_batches"] = sum(s.passes for steps in passes for s in steps)
     metrics.update(optimizer_step_staleness(rows, spec, step, passes))
     if spec.mini_batches > 1:  # by optimizer step, pass after pass: where the clip acts
-        clipped, toks = reduced[len(_SUM_KEYS)::2], reduced[len(_SUM_KEYS) + 1::2]
-        metrics["mb/clip_frac"] = [c / t if t else None for c, t in zip(clipped, toks)]
-        metrics["mb/len_mean"] = [s.num_tokens / s.num_seqs if s.num_seqs else None
-                                  for steps in passes for s in steps]
+        metrics.update(_by_optimizer_step(reduced[len(_SUM_KEYS):], passes))
     return metrics
+
+
+def _by_optimizer_step(per_step: list[float], passes: list[list[MiniBatch]]) -> dict:
+    """mb/*: per optimizer step, the clipped share of its loss tokens (`per_step` holds the
+    clipped and loss tokens of each, summed over ranks) and its mean row length."""
+    clipped, toks = per_step[::2], per_step[1::2]
+    return {"mb/clip_frac": [c / t if t else None for c, t in zip(clipped, toks)],
+            "mb/len_mean": [s.num_tokens / s.num_seqs if s.num_seqs else None
+                            for steps in passes for s in steps]}
 
 
 def optimizer_step_staleness(rows: list[Row], spec: UpdateSpec, step: int,
