@@ -85,13 +85,15 @@ def test_weights_published_every_other_step_keep_admission_within_the_bound(tmp_
 
 
 def test_a_group_that_outlives_the_bound_is_trained_and_counted_not_dropped(tmp_path, tiny_model):
-    # under `continue` a prompt whose first AR3PO stage finds no correct answer runs a second
-    # stage while the learner moves on, and comes back staler than the bound it was admitted
-    # under; by default it is trained under the behaviour weight (before: dropped at consumption)
+    # under `continue` a prompt whose AR3PO stage finds no correct answer runs the next stage
+    # while the learner moves on, and comes back staler than the bound it was admitted under; by
+    # default it is trained under the behaviour weight. Four stages of two, not two of four: more
+    # prompts outlive the bound in the same 48 steps (idle machine: 20-36 groups, against 6-14)
     run = tmp_path / "over"
     done = run_rlvr(*quick_run_args(run, tiny_model, "mode=async", "max_staleness=1",
                                     "actors.inflight_update=continue", "rollout.prompts_per_work=2",
-                                    "run.steps=48", "run.eval_every=100"))
+                                    "ar3po.stage_sizes=[2,2,2,2]", "run.steps=48",
+                                    "run.eval_every=100"))
     assert done.returncode == 0, done.stderr[-3000:]
     rows = train_rows(read_rows(run))
     assert "stale_policy 'drop'" not in done.stderr  # the default warns about nothing
