@@ -162,10 +162,10 @@ class RolloutConfig:
     docs/TRAINING.md, "Algorithms and schedules")."""
     policy: Literal["fixed", "stop_on_correct", "aero", "hora"] = "fixed"
     """Rollout policy: fixed = group_size responses per prompt (GRPO); stop_on_correct = AR3PO
-    stages (ar3po.stage_sizes) that stop at a prompt's first correct response (formerly
-    'staged'); aero = AERO explore then rescue rounds from a budget pooled over the work item
-    (aero.*); hora = the actor allocates group_size x the work item's prompts responses by
-    greedy hit utility under the learner's per-prompt posterior counts (hora.*)."""
+    stages (ar3po.stage_sizes) that stop at a prompt's first correct response; aero = AERO
+    explore then rescue rounds from a budget pooled over the work item (aero.*); hora = the
+    actor allocates group_size x the work item's prompts responses by greedy hit utility under
+    the learner's per-prompt posterior counts (hora.*)."""
     abort_on_first_correct: bool = False
     """In the stages that stop at a prompt's first correct response (every AR3PO stage, AERO's
     rescue rounds, HORA's second phase), abort the prompt's samples still decoding once one is
