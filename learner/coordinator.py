@@ -1,12 +1,8 @@
 """The learner's side of the ZeroMQ conversation: actors, work hand-out and group ingest.
 
-The learner is the run's coordinator. It hands out prompts as `Work` items, so it can bound
-staleness by admission (docs/ALGORITHMS.md 8.2): a group is handed out only while
-`slots_taken + 1 <= (version + max_staleness + 1) * groups_per_step`, where `slots_taken` counts
-the groups handed out less those released (dropped as stale, or a DAPO generation batch taken
-beyond the first): a released group gives its admission slot to a replacement (AReaL's
-N_submitted). Groups are ingested at most once per group id, so a prompt handed out twice (after
-an actor died) is never counted twice.
+The learner is the run's coordinator. It hands out prompts as `Work` items, as many as the
+staleness bound admits (learner/admission.py). Groups are ingested at most once per group id, so
+a prompt handed out twice (after an actor died) is never counted twice.
 
 Actors come and go. An actor is lost when it stays silent longer than the heartbeat timeout,
 when a message to it cannot be delivered (ZeroMQ knows its connection closed), or when it says
@@ -28,17 +24,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import msgspec
 
+from learner.admission import Admission
 from learner.data import PromptSource, rollout_spec
 from protocol.config import Config
 from protocol.messages import (PROTOCOL_VERSION, EvalResult, Group, Heartbeat, Hello, Prompt,
-                               RolloutSpec, Shutdown, SyncWeights, Work)
-from protocol.staleness import Staleness
+                               Shutdown, SyncWeights)
 from protocol.transport import LearnerEndpoint, PeerGone, TransportError
 
 log = logging.getLogger(__name__)
@@ -62,30 +58,19 @@ def run_coordinator(cfg: Config, endpoint: LearnerEndpoint, prompts: Iterator[Pr
     admitted per version in work items of `cfg.work_size`, within the admitted staleness; the
     slots of `version` generation batches taken (a resumed run's)."""
     batch = cfg.generation_batch
-    return Coordinator(endpoint, PromptSource(cfg, prompts, counts), rollout_spec(cfg), batch,
-                       cfg.work_size, cfg.staleness, slots_taken=version * batch)
+    return Coordinator(endpoint, Admission(PromptSource(cfg, prompts, counts), rollout_spec(cfg),
+                                           batch, cfg.work_size, cfg.staleness,
+                                           slots_taken=version * batch))
 
 
 class Coordinator:
-    def __init__(self, endpoint: LearnerEndpoint, prompts: Iterator[Prompt], rollout: RolloutSpec,
-                 groups_per_step: int, prompts_per_work: int, staleness: Staleness,
-                 slots_taken: int = 0):
+    def __init__(self, endpoint: LearnerEndpoint, admission: Admission):
         self.endpoint = endpoint
-        self.prompts = prompts
-        self.rollout = rollout
-        self.groups_per_step = groups_per_step
-        self.prompts_per_work = prompts_per_work
-        self.staleness = staleness  # admission hands out work within staleness.admitted
+        self.admission = admission
         self.actors: dict[bytes, ActorState] = {}
         self.ready: list[Group] = []
         self.seen_groups: set[str] = set()
-        # admission slots taken: groups handed out, less those released (a dropped group's slot
-        # goes to its replacement); a resumed run starts as if every earlier step's groups had
-        # been handed out (version x groups_per_step)
-        self.slots_taken = slots_taken
         self.stats = Counter()
-        self._work_seq = 0
-        self.reissue: deque[Prompt] = deque()  # prompts of lost actors, handed out first
         # every prompt handed out whose group the trainer has not taken yet (in flight, waiting
         # to be reissued, or returned and ready), in hand-out order: what a checkpoint keeps
         self.handed: dict[str, Prompt] = {}
@@ -171,7 +156,7 @@ class Coordinator:
         if self.actors.pop(actor.peer, None) is None:
             return
         pending = [p for p in actor.inflight.values() if p.group_id not in self.seen_groups]
-        self.reissue.extend(pending)
+        self.admission.reissue.extend(pending)
         self.stats["faults/actors_lost"] += 1
         self.stats["faults/prompts_reissued"] += len(pending)
         log.warning("actor %d (pid %d) lost: %s; %d in-flight prompts handed out again",
@@ -202,28 +187,11 @@ class Coordinator:
         bound = L - 1). Prompts of lost actors go first: their slots are already counted."""
         handed = 0
         members = [a for a in self.actors.values() if a.rank > 0]
-        while members:
-            fresh = 0
-            # a lost actor that was only slow may have sent some of these groups since
-            self.reissue = deque(p for p in self.reissue if p.group_id not in self.seen_groups)
-            if self.reissue:
-                prompts = [self.reissue.popleft()
-                           for _ in range(min(len(self.reissue), self.prompts_per_work))]
-            else:
-                while (fresh < self.prompts_per_work and self.staleness.may_admit(
-                        self.slots_taken + fresh, version, self.groups_per_step, bound)):
-                    fresh += 1
-                if fresh == 0:
-                    break
-                prompts = [next(self.prompts) for _ in range(fresh)]
+        while members and (work := self.admission.next_work(version, self.seen_groups, bound)):
             actor = min(members, key=lambda a: (len(a.inflight), a.actor_id))
-            self._work_seq += 1
-            work = Work(protocol_version=PROTOCOL_VERSION, policy_version=version,
-                        work_id=f"w{self._work_seq}", prompts=prompts, rollout=self.rollout)
-            self.slots_taken += fresh
-            handed += len(prompts)
-            actor.inflight.update((p.group_id, p) for p in prompts)
-            self.handed.update((p.group_id, p) for p in prompts)
+            handed += len(work.prompts)
+            actor.inflight.update((p.group_id, p) for p in work.prompts)
+            self.handed.update((p.group_id, p) for p in work.prompts)
             try:
                 self.endpoint.send(actor.peer, work)
             except TransportError as e:  # gone: these prompts join the reissue queue
@@ -234,7 +202,7 @@ class Coordinator:
     def release(self, groups: int) -> None:
         """Groups dropped (stale, or filtered by DAPO's dynamic sampling) free their admission
         slots, so more prompts are handed out in their place."""
-        self.slots_taken -= groups
+        self.admission.release(groups)
 
     def take(self, count: int, keep_pending: bool = False) -> list[Group]:
         """Up to `count` returned groups, in arrival order. With `keep_pending` their prompts
@@ -285,14 +253,14 @@ class Coordinator:
         """What a resumed run needs to lose no prompt and repeat none: the prompts handed out
         whose groups were not taken (they are handed out again, first, with their group ids),
         the admission slots, the weight group's epoch and the cumulative counters (faults/*)."""
-        return {"slots_taken": self.slots_taken, "epoch": self.epoch,
+        return {"slots_taken": self.admission.slots_taken, "epoch": self.epoch,
                 "pending": [msgspec.to_builtins(p) for p in self.handed.values()],
                 "stats": dict(self.stats)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.slots_taken, self.epoch = state["slots_taken"], state["epoch"]
+        self.admission.slots_taken, self.epoch = state["slots_taken"], state["epoch"]
         pending = [msgspec.convert(p, Prompt) for p in state["pending"]]
-        self.reissue.extend(pending)
+        self.admission.reissue.extend(pending)
         self.handed.update((p.group_id, p) for p in pending)
         self.stats.update(state["stats"])
 

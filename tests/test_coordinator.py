@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from learner.admission import Admission
 from learner.coordinator import Coordinator
 from protocol.messages import (PROTOCOL_VERSION, Group, Heartbeat, Hello, Prompt, RolloutSpec,
                                Sample, SyncWeights, Work)
@@ -30,7 +31,8 @@ def learner():
 
 
 def make_coordinator(learner, per_step=4, per_work=2, max_staleness=0) -> Coordinator:
-    return Coordinator(learner, prompt_stream(), SPEC, per_step, per_work, Staleness(max_staleness))
+    return Coordinator(learner, Admission(prompt_stream(), SPEC, per_step, per_work,
+                                          Staleness(max_staleness)))
 
 
 def join(coord: Coordinator, actor_id: int, pid: int) -> ActorEndpoint:
@@ -74,16 +76,16 @@ def test_a_lost_actors_prompts_go_out_again_first_without_a_new_admission_slot(l
     a0, a1 = join(coord, 0, 100), join(coord, 1, 101)
     assert coord.sync_weights(0, new_epoch=True)
     coord.admit(version=0)
-    assert coord.slots_taken == 4
+    assert coord.admission.slots_taken == 4
     handed = {m.work_id: m for m in recv_all(a0, Work)}
     lost_ids = {p.group_id for w in handed.values() for p in w.prompts}
     a0.close()
     coord.lose(coord.actors[b"actor-0-100"], "test")
-    assert sorted(p.group_id for p in coord.reissue) == sorted(lost_ids)
+    assert sorted(p.group_id for p in coord.admission.reissue) == sorted(lost_ids)
     assert coord.membership_changed  # the group must be formed again
     assert coord.sync_weights(0, new_epoch=True)
     coord.admit(version=0)  # the bound is full: only the re-issued prompts go out
-    assert coord.slots_taken == 4
+    assert coord.admission.slots_taken == 4
     reissued = {p.group_id for w in recv_all(a1, Work) for p in w.prompts}
     assert lost_ids <= reissued
     assert coord.stats["faults/actors_lost"] == 1
@@ -111,7 +113,7 @@ def test_a_restarted_actor_replaces_its_old_process_and_counts_as_a_restart(lear
     new = join(coord, 0, 200)
     assert list(coord.actors) == [b"actor-0-200"]
     assert coord.stats["faults/actor_restarts"] == 1
-    assert len(coord.reissue) == 4
+    assert len(coord.admission.reissue) == 4
     old.close()
     new.close()
 
@@ -258,14 +260,14 @@ def test_a_checkpoint_keeps_every_prompt_not_yet_taken_and_a_resumed_coordinator
     assert [p["group_id"] for p in state["pending"]] == ["g3", "g4", "g5", "g6", "g7"]
     a0.close()
 
-    resumed = Coordinator(learner, iter([]), SPEC, 4, 2, Staleness(1), slots_taken=0)
+    resumed = Coordinator(learner, Admission(iter([]), SPEC, 4, 2, Staleness(1), slots_taken=0))
     resumed.load_state_dict(state)
     b0 = join(resumed, 0, 200)
     assert resumed.sync_weights(1, new_epoch=True)
     assert resumed.epoch == state["epoch"] + 1 and resumed.stats["faults/actors_lost"] == 2
     # the pending prompts go out again, with their group ids and no new admission slot (the
     # stream is empty: one fresh prompt would raise StopIteration)
-    assert resumed.admit(version=0) == 5 and resumed.slots_taken == 8
+    assert resumed.admit(version=0) == 5 and resumed.admission.slots_taken == 8
     again = [p for w in recv_all(b0, Work) for p in w.prompts]
     assert again == [prompts[g] for g in ("g3", "g4", "g5", "g6", "g7")]
     b0.close()
