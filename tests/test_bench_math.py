@@ -9,8 +9,8 @@ from rlvr.bench import efficiency, throughput
 from rlvr.bench.run_metrics import (accuracy_by_responses, default_target_acc, first_reach,
                                   gb_per_s, length_quantiles, mean_std, overlap_bound,
                                   reductions, run_efficiency, run_throughput, share_of_step,
-                                  steady_window,
-                                  target, timed_rounds, training_rows)
+                                  steady_window, timed_rounds, training_rows)
+from rlvr.bench.targets import target
 
 
 def eval_row(step, avg, time_s, pass_at_8=None):

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from rlvr.bench.common import (machine, names, markdown_table, run_overrides, shared_model,
                                targets_table, train_run, write_results)
-from rlvr.bench.run_metrics import (combine_seeds, default_target_acc, efficiency_targets,
-                               reductions, run_efficiency)
+from rlvr.bench.run_metrics import combine_seeds, default_target_acc, reductions, run_efficiency
+from rlvr.bench.targets import efficiency_targets
 from learner.run_log import read_metrics
 
 ALGORITHMS = ("grpo", "dapo", "ar3po", "aero", "hora")

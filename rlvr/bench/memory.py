@@ -37,7 +37,8 @@ from pathlib import Path
 
 from rlvr.bench.common import (BenchError, machine, markdown_table, names, targets_table,
                                write_results)
-from rlvr.bench.run_metrics import ratio, target
+from rlvr.bench.run_metrics import ratio
+from rlvr.bench.targets import target
 
 VARIANTS = ("body", "full", "chunked", "no_recomp")
 # what a child imports, imported once in the forkserver

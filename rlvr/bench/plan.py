@@ -31,7 +31,8 @@ from pathlib import Path
 
 from rlvr.bench.common import (machine, markdown_table, names, run_overrides, targets_table,
                                train_run, write_results)
-from rlvr.bench.run_metrics import run_throughput, target
+from rlvr.bench.run_metrics import run_throughput
+from rlvr.bench.targets import target
 from learner.run_log import read_metrics
 
 TOLERANCE = 0.10

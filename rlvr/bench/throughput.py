@@ -47,7 +47,8 @@ from pathlib import Path
 
 from rlvr.bench.common import (machine, names, markdown_table, run_overrides, targets_table,
                                train_run, write_results)
-from rlvr.bench.run_metrics import overlap_bound, ratio, run_throughput, throughput_targets
+from rlvr.bench.run_metrics import overlap_bound, ratio, run_throughput
+from rlvr.bench.targets import throughput_targets
 from learner.run_log import read_metrics
 
 EVAL_EVERY = 5  # the evaluation modes: held-out evaluation this often, in the steady window

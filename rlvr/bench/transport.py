@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 
 from rlvr.bench.common import machine, markdown_table, targets_table, with_steps, write_results
-from rlvr.bench.run_metrics import median, ratio, share_of_step, target, timed_rounds
+from rlvr.bench.run_metrics import median, ratio, share_of_step, timed_rounds
+from rlvr.bench.targets import target
 
 HOST = "127.0.0.1"
 

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from rlvr.bench.common import (machine, markdown_table, names, targets_table, with_steps,
                                write_results)
-from rlvr.bench.run_metrics import gb_per_s, ratio, target, timed_rounds
+from rlvr.bench.run_metrics import gb_per_s, ratio, timed_rounds
+from rlvr.bench.targets import target
 
 HOST = "127.0.0.1"
 
