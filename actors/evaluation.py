@@ -23,9 +23,9 @@ from __future__ import annotations
 import copy
 import time
 
-from actors.engines.hf import HFEngine
 from actors.verify_queue import VerifyQueue
 from protocol.messages import PROTOCOL_VERSION, EvalResult, EvalWork
+from tasks.hf_engine import HFEngine
 from tasks.verifier import Verifier
 
 

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import os
 
-from actors.engines import Aborted, Engine
+from actors.engines import Engine
 from actors.scheduler import Actions, PromptResult, RolloutScheduler, SampleRequest
 from actors.verify_queue import VerifyQueue
 from protocol.messages import PROTOCOL_VERSION, EngineLoad, Group, Work
+from tasks.sampling import Aborted
 from tasks.verifier import Verifier
 
 

@@ -47,9 +47,9 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from actors.allocation import hora_allocate, hora_second_phase
-from actors.engines import Aborted, Finished, extend_version_runs
 from protocol.messages import Prompt, RolloutSpec, Sample, Work
 from tasks.rewards import Score
+from tasks.sampling import Aborted, Finished, extend_version_runs
 
 
 @dataclass(frozen=True)

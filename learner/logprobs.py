@@ -10,7 +10,7 @@ version (the whole micro-batch's float32 logits and their log-softmax: 15 GB for
 and Qwen's 151,936-token vocabulary) that tests check the chunked one against and `rlvr bench
 memory` compares it with.
 Why the temperature: the actors sample from softmax(logits / T) and report those log-probs
-(tasks/sampling.py, actors/engines/vllm.py processed_logprobs); the ratio and the behaviour
+(tasks/hf_engine.py, actors/engines/vllm.py processed_logprobs); the ratio and the behaviour
 weight compare like with like only when the learner divides by the same T (docs/ALGORITHMS.md 8.3).
 How: the body's output is taken from the model's own forward (output_hidden_states, no logits
 kept) while gradients are on, so a DeepSpeed engine sees the tensor the loss flows through; in

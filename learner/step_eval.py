@@ -17,7 +17,7 @@ from learner.actor_eval import ActorEvals
 from protocol.config import Config
 from tasks.evaluation import evaluate
 from tasks.prompts import prompt_token_ids
-from tasks.sampling import HFSampler
+from tasks.hf_engine import HFEngine
 from tasks.verifier import Verifier
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class StepEvals:
     def evaluate(self) -> dict:
         """The learner's own evaluation of its current weights."""
         c = self.cfg
-        return evaluate(HFSampler(self.engine.module), self.tokenizer, self.problems,
+        return evaluate(HFEngine(self.engine.module), self.tokenizer, self.problems,
                         self.verifier, c.task.eval_samples, c.rollout.max_new_tokens,
                         c.rollout.temperature, c.task.prompt_template, seed=c.run.seed)
 

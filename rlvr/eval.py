@@ -16,8 +16,9 @@ to `--out` (default: RUN_DIR/eval/step_<N>-<engine>-k<K>.json for a run,
 runs/eval/<model folder name>-<engine>-k<K>.json for a model folder). Sampling is seeded with
 run.seed.
 
-Engines: `hf` (default; the learner's own sampler, tasks/sampling.py) or `vllm` (vLLM's offline
-`LLM` with the actors' request building, actors/engines/vllm.py; greedy is temperature 0 there).
+Engines: `hf` (default; the decode loop of the actors and the learner, tasks/hf_engine.py) or
+`vllm` (vLLM's offline `LLM` with the actors' request building, actors/engines/vllm.py; greedy is
+temperature 0 there).
 """
 
 from __future__ import annotations
@@ -112,12 +113,12 @@ def make_sampler(engine: str, model_dir: Path, cfg):
             import torch
             from transformers import AutoModelForCausalLM
 
-            from tasks.sampling import HFSampler
+            from tasks.hf_engine import HFEngine
 
             torch.set_num_threads(cfg.actors.threads)  # as the run samples (an actor's threads)
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(
                 torch, cfg.model.dtype)).to(cfg.model.device)
-            return HFSampler(model, cfg.actors.max_batch)
+            return HFEngine(model, cfg.actors.max_batch)
         case "vllm":
             try:
                 return VLLMSampler(str(model_dir), cfg)

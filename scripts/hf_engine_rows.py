@@ -24,7 +24,7 @@ import time
 import torch
 from tasks.tiny_model import load_tokenizer
 
-from actors.engines.hf import HFEngine
+from tasks.hf_engine import HFEngine
 from learner.data import PromptStream
 from protocol.config import load_config
 from rlvr.warm_start import ensure_warm_start

@@ -1,7 +1,7 @@
 """Held-out evaluation: k samples per held-out prompt, eval/avg@k and eval/pass@k (docs/ALGORITHMS.md 10).
 
 `evaluate` samples with any engine that has the actors' `generate` signature. The learner passes
-`tasks.sampling.HFSampler` around its own weights, so a number logged at step s is the policy of
+`tasks.hf_engine.HFEngine` around its own weights, so a number logged at step s is the policy of
 step s, whatever the actors hold at that moment.
 
 With a `seed`, every evaluation samples from the same random numbers, drawn in the same order,

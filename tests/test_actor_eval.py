@@ -21,7 +21,7 @@ from tasks.arithmetic import Problem
 from tasks.evaluation import eval_metrics
 from tasks.prompts import prompt_token_ids
 from tasks.tiny_model import load_tokenizer
-from tasks.sampling import HFSampler
+from tasks.hf_engine import HFEngine
 from tests.conftest import quick_run_args, read_rows, run_rlvr
 
 K = 4
@@ -175,7 +175,7 @@ def test_actors_evaluate_what_the_learner_would_answer_for_answer(tmp_path, tiny
     problems = held_out(cfg)
     assert evals[-1]["prompt_ids"] == [p.prompt_id for p in problems]
     prompts = [prompt_token_ids(tokenizer, p.question, cfg.task.prompt_template) for p in problems]
-    greedy = HFSampler(model).generate(prompts, [1] * len(prompts), cfg.rollout.max_new_tokens,
+    greedy = HFEngine(model).generate(prompts, [1] * len(prompts), cfg.rollout.max_new_tokens,
                                        temperature=0.0)
     texts = [tokenizer.decode(cs[0].token_ids, skip_special_tokens=True) for cs in greedy]
     assert evals[-1]["greedy_texts"] == texts
@@ -184,7 +184,6 @@ def test_actors_evaluate_what_the_learner_would_answer_for_answer(tmp_path, tiny
 def test_a_sync_during_the_evaluation_does_not_reach_it(tiny_model):
     # the broadcast writes the next weights into the engine's model mid-evaluation: the
     # evaluation's answers stay those of the version it was asked for
-    from actors.engines.hf import HFEngine
     from actors.evaluation import ActorEval
     from protocol.messages import Prompt
     from tasks.verifier import Verifier

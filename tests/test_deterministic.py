@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from actors.engines.hf import HFEngine
 from actors.rollouts import Rollouts
 from protocol.messages import Prompt, RolloutSpec, Work
+from tasks.hf_engine import HFEngine
 from tasks.tiny_model import build_tiny, load_tokenizer
 from tasks.verifier import Verifier
 from tests.conftest import TINY, run_rlvr

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from learner.data import held_out
 from protocol.config import load_config
 from tasks.evaluation import evaluate
-from tasks.sampling import HFSampler
+from tasks.hf_engine import HFEngine
 from tasks.tiny_model import load_tokenizer
 from tasks.verifier import Verifier
 from tests.conftest import TINY
@@ -36,7 +36,7 @@ def test_a_seeded_evaluation_draws_the_same_samples_and_leaves_the_global_genera
     verifier = Verifier(cfg.actors.verifier_timeout_s, reward=cfg.task.reward)
 
     def sampled(seed):
-        engine = Recording(HFSampler(model))
+        engine = Recording(HFEngine(model))
         evaluate(engine, tokenizer, problems, verifier, 8, 12, 1.0, cfg.task.prompt_template,
                  seed=seed)
         return engine.calls[0]  # the k samples per prompt (the second call is greedy)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.engines.hf import HFEngine, sample_tokens
+from tasks.hf_engine import HFEngine, sample_tokens
 from learner.batch import Row, pack
 from learner.logprobs import token_logp
 from tasks.prompts import prompt_token_ids

@@ -391,7 +391,7 @@ def test_a_sample_stopped_before_its_prefill_is_done_goes_back_whole():
 def test_the_hf_engines_free_slot_is_computed_on_unless_it_is_the_last(short_first, slot_steps):
     # three rows in slots 0, 1, 2; the short one ends after 10 decode steps. Freed in the middle
     # (slot 0) its slot is decoded on (2 of 3 live: no compaction); freed at the end (slot 2)
-    # the engine gives it up at once (actors/engines/kv_slots.py drop)
+    # the engine gives it up at once (tasks/kv_slots.py drop)
     short, long_ = PromptPlan(((11,),)), PromptPlan(((101,),))
     plans = [short, long_, long_] if short_first else [long_, long_, short]
     actor = StreamActor(DecodeCost(step_s=0.0, row_s=1e-3, kv_slots=True))

@@ -8,9 +8,9 @@ verifier thread. So each test states exactly when what finishes.
 
 from __future__ import annotations
 
-from actors.engines import Aborted, Finished
 from actors.scheduler import Actions, RolloutScheduler
 from protocol.messages import Prompt, RolloutSpec, Work
+from tasks.sampling import Aborted, Finished
 
 
 class Sim:
@@ -281,7 +281,7 @@ def test_stopping_samples_held_through_a_sync_takes_them_out_of_the_hold(tmp_pat
     # (recompute puts every running sample there): they must stop, not start after the sync
     from transformers import AutoModelForCausalLM
 
-    from actors.engines.hf import HFEngine
+    from tasks.hf_engine import HFEngine
     from actors.rollouts import Rollouts
     from tasks.tiny_model import build_tiny
     from tasks.verifier import Verifier

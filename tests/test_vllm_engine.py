@@ -15,12 +15,12 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 from vllm.logprobs import Logprob
 
-from actors.engines import Completion
 from actors.engines.factory import make_engine
 from actors.engines.vllm import (GiB, VLLMEngine, allocate_staging, engine_kwargs,
                                  reload_pairs, staging_specs)
 from actors.engines.vllm_requests import build_requests, completion_from_output
 from rlvr.launch import free_port
+from tasks.sampling import Completion
 from tasks.tiny_model import build_tiny
 from protocol.weights import WeightGroup
 from tests.conftest import TINY

@@ -10,7 +10,7 @@ from actors.engines import Engine
 def make_engine(kind: str, model_path: str, **kw) -> Engine:
     match kind:
         case "hf":
-            from actors.engines.hf import HFEngine
+            from tasks.hf_engine import HFEngine
             return HFEngine.load(model_path, **kw)
         case "vllm":
             from actors.engines.vllm import VLLMEngine  # imports vLLM itself, with a hint

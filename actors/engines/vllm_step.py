@@ -43,8 +43,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from actors.engines import Aborted, Finished, extend_version_runs, generate_all
 from actors.engines.vllm_requests import build_requests, sampled_logprob
+from tasks.sampling import Aborted, Finished, extend_version_runs, generate_all
 
 
 @dataclass

@@ -6,7 +6,7 @@ A cluster gives actors and learner devices of their own; on the 2-core developme
 share cores, memory bandwidth and caches, so when both compute at once each is slower than a
 sync run (where they take turns) measured it. This probe measures that slowdown with the run's
 own workloads in two real processes: an actor process generating a work item's responses with
-the HF sampler (rollout.prompts_per_work prompts x rollout.group_size, max_new_tokens), and a
+the HF engine (rollout.prompts_per_work prompts x rollout.group_size, max_new_tokens), and a
 learner process doing forward + backward + optimizer step on a batch of the same shape, each
 with its configured threads. Each runs alone for `seconds`, then both together; the slowdown of
 a role is its rate alone / its rate together. The simulator's `Machine(shared_cores, ...)` takes
@@ -35,9 +35,9 @@ def _worker(role: str, model_path: str, cfg_dict: dict, start, stop, out) -> Non
     r = cfg.rollout
     prompts = [[1 + (i * 7 + j) % 50 for j in range(8)] for i in range(r.prompts_per_work)]
     if role == "actor":
-        from tasks.sampling import HFSampler
+        from tasks.hf_engine import HFEngine
 
-        sampler = HFSampler(model, cfg.actors.max_batch)
+        sampler = HFEngine(model, cfg.actors.max_batch)
 
         def once():
             sampler.generate(prompts, [r.group_size] * len(prompts), r.max_new_tokens,

@@ -19,7 +19,7 @@ are prefilled again.
 Context: a decode step costs more the more keys and values its rows attend over
 (`DecodeCost.col_s`): a row's context is its prompt, the partial response it was restarted
 with under `recompute`, and the tokens it has sampled since; vLLM's rows each attend over their
-own. The HF engine keeps its rows in KV slots (`kv_slots`, actors/engines/kv_slots.py): every
+own. The HF engine keeps its rows in KV slots (`kv_slots`, tasks/kv_slots.py): every
 slot in use attends over one window as wide as the longest context among them, and a freed
 slot is computed on until half of them are free (then the live ones move to the front), unless
 it is the last in use (given up at once); a new row takes the lowest free slot. A
@@ -286,7 +286,7 @@ class StreamActor:
     def _prompt_tokens(self, prompt: _Prompt) -> float:
         return prompt.plan.prompt or self.cost.prompt_tokens
 
-    # -- the HF engine's KV slots (actors/engines/kv_slots.py), as it takes and frees them -----
+    # -- the HF engine's KV slots (tasks/kv_slots.py), as it takes and frees them -----
     def _take_slot(self, seq: int) -> None:
         """A new row takes the lowest free slot, else one past those in use."""
         while self._free and (self._free[0] >= self._slots or self._free[0] in self._taken):

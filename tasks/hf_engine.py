@@ -3,14 +3,17 @@
 What: one request is one sample. Requests can be added before any decode step and aborted at
 any time; `step()` decodes one token for every running request and returns the requests that
 finished. Every token records the policy version of the weights that produced it and its
-behaviour log-prob under softmax(logits / temperature), before top-p, as tasks/sampling.py does
-(at the default top_p = 1 that is exactly the sampling distribution).
+behaviour log-prob under softmax(logits / temperature), before top-p (tasks/sampling.py).
+
+Who samples with it: the actors (`actors.engine: hf`), the learner's held-out evaluation (around
+its own training module), `rlvr eval` and the evaluation on actors, so every number a run logs
+was sampled by one loop.
 
 Why its own loop and not `model.generate`: `generate` runs a fixed batch to the end, so a weight
 sync, a prompt's next stage or the abort of a sample whose sibling is already correct would all
 wait for the slowest sequence of the batch. Here each of those happens between two decode steps.
 
-How the batch is kept (`actors/engines/kv_slots.py`): each running row has a slot of one
+How the batch is kept (`tasks/kv_slots.py`): each running row has a slot of one
 preallocated KV cache, its tokens right-aligned to a write column shared by all rows and its
 left columns masked out. New requests are prefilled together and written into free slots;
 finished and aborted rows free theirs. Nothing is copied when rows come and go. A row's
@@ -37,9 +40,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoModelForCausalLM
 
-from actors.engines import Aborted, Finished, extend_version_runs, generate_all
-from actors.engines.kv_slots import KVSlots
-from tasks.sampling import eos_ids
+from tasks.kv_slots import KVSlots
+from tasks.sampling import Aborted, Completion, Finished, eos_ids, extend_version_runs, generate_all
 
 
 @dataclass
@@ -197,9 +199,15 @@ class HFEngine:
         pass  # the broadcast wrote straight into the parameters
 
     def generate(self, prompts: list[list[int]], n: list[int], max_new_tokens: int,
-                 temperature: float = 1.0, top_p: float = 1.0):
-        """n[i] completions of prompts[i], run to the end (benchmarks, smoke checks)."""
-        return generate_all(self, prompts, n, max_new_tokens, temperature, top_p)
+                 temperature: float = 1.0, top_p: float = 1.0) -> list[list[Completion]]:
+        """n[i] completions of prompts[i], run to the end (evaluation, benchmarks), with the
+        model in eval mode meanwhile: the learner's own module trains between evaluations."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return generate_all(self, prompts, n, max_new_tokens, temperature, top_p)
+        finally:
+            self.model.train(was_training)
 
     def close(self) -> None:
         pass  # nothing beyond memory
@@ -209,11 +217,13 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor,
                   top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row of `logits` (n, V) and its log-prob under softmax(logits / T).
 
-    temperature (n,): 0 = greedy (log-prob then under the temperature-1 softmax, as
-    tasks/sampling.py). top_p (n,): nucleus sampling; the log-prob stays the pre-top-p one."""
+    temperature (n,): 0 = greedy (log-prob then under the temperature-1 softmax). top_p (n,): nucleus sampling; the log-prob stays the pre-top-p one."""
     greedy = temperature <= 0
     scaled = logits.float() / torch.where(greedy, 1.0, temperature)[:, None]  # (n, V)
     logp_all = torch.log_softmax(scaled, dim=-1)                              # (n, V)
+    if bool(greedy.all()):  # draws no random number: greedy rows leave the generator as it was
+        tokens = logits.argmax(-1)
+        return tokens, logp_all.gather(-1, tokens[:, None])[:, 0]
     weights = logp_all.exp()
     if bool((top_p < 1).any()):
         sorted_p, order = weights.sort(dim=-1, descending=True)

@@ -1,4 +1,4 @@
-"""The KV cache of a changing set of sequences, for the HF engine's decode loop (engines/hf.py),
+"""The KV cache of a changing set of sequences, for the HF engine's decode loop (tasks/hf_engine.py),
 kept in place: rows live in slots of preallocated buffers and nothing is copied when one joins
 or leaves.
 
