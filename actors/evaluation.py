@@ -10,7 +10,7 @@ nothing to decode, and otherwise one after every `TRAINING_STEPS_PER_EVAL_STEP` 
 steps, so that it ends on an actor that is never idle while taking little from its training
 rows. Its engine decodes at most `EVAL_ROWS` rows at a time, so one of its steps stays short
 (a sync waits for the loop's current step to be noticed). The snapshot costs one more copy of the parameters while the evaluation runs; only the HF
-engine's model can be copied so (protocol/config_checks.py refuses `eval_on: actors` with vLLM).
+engine's model can be copied so (protocol/config/checks.py refuses `eval_on: actors` with vLLM).
 
 Per prompt: `k` samples at the work's temperature and one greedy answer (temperature 0), scored
 by the actor's reward function on a verifier thread of its own, so a slow verdict never holds a

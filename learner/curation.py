@@ -16,7 +16,7 @@ import random
 from learner.advantages import bayesian_degenerate_advantages
 from learner.group_metrics import group_advantages
 from learner.losses import dapo_overlong_penalty
-from protocol.algorithm_config import AEROConfig, DAPOConfig
+from protocol.config.algorithms import AEROConfig, DAPOConfig
 from protocol.config import LossConfig
 
 

@@ -40,7 +40,7 @@ from learner.run_log import RunLog, set_aside_run
 from learner.step_eval import StepEvals
 from learner.step_log import StepLog
 from protocol.config import Config, to_dict
-from protocol.config_checks import config_warnings
+from protocol.config.checks import config_warnings
 from protocol.transport import LearnerEndpoint
 from protocol.weights import host_store
 from tasks.verifier import Verifier

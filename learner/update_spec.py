@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol.algorithm_config import GCPOConfig, MuGRPOConfig
+from protocol.config.algorithms import GCPOConfig, MuGRPOConfig
 from protocol.config import Config, LossConfig
 
 

@@ -29,7 +29,7 @@ import sys
 
 def _train(args) -> int:
     from protocol.config import Config
-    from protocol.config_loader import describe
+    from protocol.config.loader import describe
 
     if args.describe:
         print(describe(Config))
@@ -127,7 +127,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from protocol.config_loader import ConfigError
+    from protocol.config.loader import ConfigError
 
     args, extra = parser().parse_known_args(argv)
     # overrides may come after options (`rlvr train C --dry-run a.b=1`): keep the dotted ones

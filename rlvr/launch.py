@@ -22,7 +22,7 @@ from pathlib import Path
 from learner.progress import CONSOLE_FD_ENV
 from protocol.exit_codes import REQUEUE_EXIT_CODE
 from protocol.config import Config, ConfigError, load_config, write_resolved
-from protocol.config_checks import config_warnings
+from protocol.config.checks import config_warnings
 from rlvr.data_check import preflight
 
 
@@ -247,7 +247,7 @@ def train(config_path: str | None, overrides: list[str], resume_dir: str | None,
         cfg = load_config(config_path, overrides)
         run_dir = cfg.run_dir if dry_run else run_dir_for(cfg, resume=False)
     if dry_run:
-        from protocol.config_loader import to_dict
+        from protocol.config.loader import to_dict
         import yaml
 
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")

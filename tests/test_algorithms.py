@@ -12,7 +12,7 @@ from learner.data import PromptSource, responses_cap, rollout_spec
 from learner.group_metrics import group_metrics
 from protocol.config import Config, build
 from protocol.messages import Group, Prompt, Sample
-from protocol.presets import merge_under, preset
+from protocol.config.presets import merge_under, preset
 
 
 def config(algorithm: str = "grpo", *overrides: str) -> Config:

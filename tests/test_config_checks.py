@@ -1,5 +1,5 @@
 """Config values that would do nothing, hang or divide by zero are refused before any process
-starts, each with a message that names its key (protocol/config_checks.py); old spellings of a
+starts, each with a message that names its key (protocol/config/checks.py); old spellings of a
 renamed value name the new one."""
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def test_sync_every_within_the_staleness_bound_is_accepted_whatever_the_stale_po
 
 
 def test_a_consumption_rule_that_filters_by_length_is_said_at_the_start():
-    from protocol.config_checks import config_warnings
+    from protocol.config.checks import config_warnings
 
     assert load_config(TINY).stale_policy == "tis" and config_warnings(load_config(TINY)) == []
     for policy in ("drop", "downweight"):
@@ -196,7 +196,7 @@ def test_a_run_folder_resumes_under_the_rules_it_started_with(tmp_path):
 
 
 def test_a_tool_running_one_yaml_in_several_modes_sets_the_keys_it_leaves_inert_to_defaults():
-    from protocol.config_inert import neutral_overrides
+    from protocol.config.inert import neutral_overrides
 
     shape = Path(__file__).resolve().parents[1] / "configs" / "real-shape-cpu.yaml"
     with pytest.raises(ConfigError, match="'max_staleness' \\(1\\) does nothing in mode sync"):

@@ -15,7 +15,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.config_loader import ConfigError, build, describe, dump, field_docs, load, to_dict
+from protocol.config.loader import ConfigError, build, describe, dump, field_docs, load, to_dict
 
 
 @dataclass(frozen=True)

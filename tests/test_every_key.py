@@ -4,7 +4,7 @@ with the key set shows what it does, or its other values are refused where they 
 A key that nothing reads does nothing whatever its value (`aero.negative_pick` and
 `ar3po.buffer_pick` once were such keys). Three checks, over every field of `Config`:
 - read: the code that runs reads the key by its whole chain (`cfg.optim.lr`, `r.top_p` after
-  `r = cfg.rollout`), outside the value checks in protocol/config_checks.py and the sections'
+  `r = cfg.rollout`), outside the value checks in protocol/config/checks.py and the sections'
   own `validate`: `warm_start.lr` read as `cfg.optim.lr` does not count;
 - acts: a value other than the base config's changes a fingerprint of what a run computes,
   without starting its processes, and holds no copy of a config value: a learner step on a real
@@ -37,7 +37,7 @@ from protocol.config import Config, ConfigError, load_config, to_dict, with_over
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny-cpu.yaml"
 CODE = ("actors", "learner", "protocol", "rlvr", "tasks")
-ONLY_CHECKS = {"protocol/config_checks.py"}
+ONLY_CHECKS = {"protocol/config/checks.py"}
 
 # keys read only inside running processes -> the test that runs with the key set through the
 # config (`key=value`) and observes what it does

@@ -16,7 +16,7 @@ from learner.group_metrics import engine_load_metrics, group_metrics
 from learner.gather import StepGatherer
 from protocol.config import Config, build
 from protocol.messages import EngineLoad, Group, Sample
-from protocol.presets import merge_under, preset
+from protocol.config.presets import merge_under, preset
 
 
 def config(*overrides: str) -> Config:

@@ -1,4 +1,4 @@
-"""Algorithm presets (protocol/presets.py) and how load_config layers them:
+"""Algorithm presets (protocol/config/presets.py) and how load_config layers them:
 defaults < preset of `algorithm` < YAML < overrides."""
 
 from pathlib import Path
@@ -7,7 +7,7 @@ from typing import get_args
 import pytest
 
 from protocol.config import Algorithm, ConfigError, load_config, write_resolved
-from protocol.presets import ALGORITHMS, merge_under, preset
+from protocol.config.presets import ALGORITHMS, merge_under, preset
 
 
 def yaml_file(tmp_path, text: str = ""):

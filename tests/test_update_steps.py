@@ -16,7 +16,7 @@ import torch
 from learner.batch import mini_batches, pack
 from learner.logprobs import full_logits_logp
 from learner.update import ContrastGroup, LossRow, UpdateSpec, policy_update
-from protocol.algorithm_config import GCPOConfig
+from protocol.config.algorithms import GCPOConfig
 from protocol.config import LossConfig
 from tests.sgd_engine import SGDEngine
 from tasks.tiny_model import build_model, build_tokenizer

@@ -13,7 +13,7 @@ from learner.batch import pack
 from learner.logprobs import token_logp
 from learner.update import (ContrastGroup, LossRow, UpdateSpec, contrast_batches, policy_update,
                             ratio_terms)
-from protocol.algorithm_config import GCPOConfig, MuGRPOConfig
+from protocol.config.algorithms import GCPOConfig, MuGRPOConfig
 from protocol.config import LossConfig
 from tests.sgd_engine import SGDEngine
 

@@ -68,7 +68,7 @@ def train_run(config: str, out_dir: Path, name: str, overrides: list[str],
     benches', `rlvr sweep`'s)."""
     from rlvr.launch import train
     from protocol.config import load_config
-    from protocol.config_inert import neutral_overrides
+    from protocol.config.inert import neutral_overrides
 
     # one YAML under several modes or algorithms: keys a variant leaves inert (max_staleness
     # in mode sync, rollout.group_size under ar3po, ...) go back to their defaults, which

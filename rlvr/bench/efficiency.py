@@ -135,7 +135,7 @@ def add_arguments(p) -> None:
 
 
 def check(args) -> str | None:
-    from protocol.presets import ALGORITHMS as PRESETS
+    from protocol.config.presets import ALGORITHMS as PRESETS
 
     known = [*PRESETS, *VARIANTS]
     unknown = [a for a in names(args.algorithms) if a not in known]

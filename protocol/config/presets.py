@@ -6,7 +6,7 @@ writes wins: `algorithm=ar3po ar3po.stage_sizes=[2,2,4]` is AR3PO with three sta
 `algorithm=hora loss.advantage=rloo` is HORA allocation with an RLOO advantage. The resolved
 config (every key explicit) is what the run folder keeps, so a resumed run never re-applies one.
 
-    python -c "from protocol.presets import preset; print(preset('dapo'))"
+    python -c "from protocol.config.presets import preset; print(preset('dapo'))"
 """
 
 from __future__ import annotations

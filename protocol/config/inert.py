@@ -4,15 +4,15 @@ before they went).
 
 What: `inert_keys(cfg)` lists (key, message) for every key set away from its default where the
 config cannot act on it; `load_config` raises them for a new run and lets a run folder through
-(protocol/config.py). `neutral_overrides(cfg)` sets those keys back to their defaults, for tools
-that run one YAML under several modes or algorithms (`rlvr bench`, `rlvr sweep`).
+(protocol/config/__init__.py). `neutral_overrides(cfg)` sets those keys back to their defaults,
+for tools that run one YAML under several modes or algorithms (`rlvr bench`, `rlvr sweep`).
 `REMOVED_KEYS` are keys the schema no longer has, with the reason.
-Why a module of its own: protocol/config_checks.py refuses values that cannot work whatever the
+Why a module of its own: checks.py refuses values that cannot work whatever the
 rest of the config says; these rules are about one key against the others, and they are relaxed
 for run folders.
 
-Every function takes the run's `protocol.config.Config` as `cfg`, untyped here: protocol/config.py
-imports this module, and this one does not import it back.
+Every function takes the run's `protocol.config.Config` as `cfg`, untyped here: the package's
+__init__.py imports this module, and this one does not import it back.
 
 Run the tests with: .venv/bin/python -m pytest tests/test_config_checks.py tests/test_every_key.py
 """
@@ -69,7 +69,7 @@ def neutral_overrides(cfg) -> list[str]:
     under several modes or algorithms (`rlvr bench`) adds to each variant."""
     import json
 
-    from protocol.config_loader import to_dict
+    from protocol.config.loader import to_dict
 
     defaults = to_dict(type(cfg)())
     out = []
@@ -111,7 +111,7 @@ def _inert_staleness(cfg) -> list[tuple[str, str]]:
 
 def _inert_rollout(cfg) -> list[tuple[str, str]]:
     """Work-item size under determinism, the group size of policies that spend their own."""
-    from protocol.sections import RolloutConfig
+    from protocol.config.sections import RolloutConfig
 
     found, r = [], cfg.rollout
     if cfg.run.deterministic and r.prompts_per_work != RolloutConfig.prompts_per_work:
@@ -128,7 +128,7 @@ def _inert_rollout(cfg) -> list[tuple[str, str]]:
 
 def _inert_loss(cfg) -> list[tuple[str, str]]:
     """The behaviour weight's knobs, the trust region's other knobs, the KL kind without KL."""
-    from protocol.sections import LossConfig
+    from protocol.config.sections import LossConfig
 
     found, loss = [], cfg.loss
     if loss.old_policy == "behaviour":
@@ -157,7 +157,7 @@ def _inert_loss(cfg) -> list[tuple[str, str]]:
 
 def _inert_gcpo_reuse(cfg) -> list[tuple[str, str]]:
     """GCPO's other form's knob; AR3PO's reuse buffer with reuse off or read only at its end."""
-    from protocol.algorithm_config import AR3POConfig, GCPOConfig
+    from protocol.config.algorithms import AR3POConfig, GCPOConfig
 
     found, ar = [], cfg.ar3po
     gc = cfg.gcpo

@@ -1,7 +1,7 @@
 """The sections of the run configuration (`run:`, `model:`, `rollout:`, `loss:`, ...): frozen
 dataclasses whose field docstrings `rlvr train CONFIG --describe` prints. The tree they form,
-`Config`, and its loading live in protocol/config.py; the algorithms' own sections in
-protocol/algorithm_config.py.
+`Config`, and its loading live in protocol/config/__init__.py; the algorithms' own sections in
+protocol/config/algorithms.py.
 """
 
 from __future__ import annotations

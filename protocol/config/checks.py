@@ -2,13 +2,13 @@
 
 What: `value_problems(cfg)` lists, one message per problem, every value of a built `Config`
 that cannot work, each message naming its dotted key; `Config.validate` raises them all at once
-(protocol/config.py), so `rlvr train` stops before any process starts. `RENAMED_VALUES` are old
+(__init__.py), so `rlvr train` stops before any process starts. `RENAMED_VALUES` are old
 spellings of a value that a user's YAML may still hold: they are refused naming the new one.
 Why a module of its own: the checks span sections (weight_sync against the staleness bound,
-hora against rollout), and protocol/config.py stays the schema.
+hora against rollout), and the package's __init__.py stays the schema.
 
-Every function takes the run's `protocol.config.Config` as `cfg`, untyped here: protocol/config.py
-imports this module, and this one does not import it back.
+Every function takes the run's `protocol.config.Config` as `cfg`, untyped here: the package's
+__init__.py imports this module, and this one does not import it back.
 
 Run the tests with: .venv/bin/python -m pytest tests/test_config_checks.py
 """
@@ -230,7 +230,7 @@ def _shape_problems(cfg) -> list[str]:
 def _abort_limit_problems(cfg) -> list[str]:
     """abort_limit bounds how often `abort` restarts one sample: 0 would be `continue` by another
     name, and under another in-flight policy nothing is aborted at a sync."""
-    from protocol.sections import ActorsConfig
+    from protocol.config.sections import ActorsConfig
 
     limit, policy = cfg.actors.abort_limit, cfg.actors.inflight_update
     if limit < 1:
@@ -336,7 +336,7 @@ def config_warnings(cfg) -> list[str]:
 
 def _update_problems(cfg) -> list[str]:
     """The learner update's keys: optimizer steps, micro-batches and the KL term."""
-    from protocol.sections import OptimConfig
+    from protocol.config.sections import OptimConfig
 
     o, ln, found = cfg.optim, cfg.learner, []
     if o.mini_batches < 1:

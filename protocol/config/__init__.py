@@ -18,23 +18,23 @@ from typing import Literal
 
 import yaml
 
-from protocol.algorithm_config import (AEROConfig, AR3POConfig, DAPOConfig, GCPOConfig,
+from protocol.config.algorithms import (AEROConfig, AR3POConfig, DAPOConfig, GCPOConfig,
                                        HORAConfig, MuGRPOConfig)
-from protocol.config_checks import renamed_value_problems, value_problems
-from protocol.config_inert import inert_problems, removed_key_problems, without_removed_keys
-from protocol.config_loader import ConfigError, build, dump, load, read_yaml, to_dict  # noqa: F401
-from protocol.presets import merge_under, preset
-from protocol.sections import (ActorsConfig, Aggregation, Algorithm, LearnerConfig,  # noqa: F401
-                               LossConfig, ModelConfig, NetConfig, OptimConfig, RolloutConfig,
-                               RunConfig, TaskConfig, WarmStartConfig, WeightSyncConfig)
+from protocol.config.checks import renamed_value_problems, value_problems
+from protocol.config.inert import inert_problems, removed_key_problems, without_removed_keys
+from protocol.config.loader import ConfigError, build, dump, load, read_yaml, to_dict  # noqa: F401
+from protocol.config.presets import merge_under, preset
+from protocol.config.sections import (  # noqa: F401
+    ActorsConfig, Aggregation, Algorithm, LearnerConfig, LossConfig, ModelConfig, NetConfig,
+    OptimConfig, RolloutConfig, RunConfig, TaskConfig, WarmStartConfig, WeightSyncConfig)
 from protocol.staleness import Staleness
 
 
 @dataclass(frozen=True)
 class Config:
     algorithm: Algorithm = "grpo"
-    """Algorithm preset: its rollout policy, reuse, curation and loss settings (protocol/
-    presets.py) fill every key the YAML and the overrides leave unset."""
+    """Algorithm preset: its rollout policy, reuse, curation and loss settings
+    (protocol/config/presets.py) fill every key the YAML and the overrides leave unset."""
     mode: Literal["sync", "async", "staged"] = "async"
     """sync: generate then train, staleness 0; async: actors keep generating while the learner
     trains; staged: Mu-GRPO stages of mugrpo.updates_per_stage steps on data sampled with the
@@ -79,7 +79,7 @@ class Config:
     gcpo: GCPOConfig = field(default_factory=GCPOConfig)
 
     def validate(self) -> None:
-        """Raise one ConfigError listing every value that cannot work (protocol/config_checks.py)."""
+        """Raise one ConfigError listing every value that cannot work (config/checks.py)."""
         problems = value_problems(self)
         if problems:
             raise ConfigError("\n".join(problems))
@@ -133,7 +133,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
     `run_folder`: `path` is a run's resolved config.yaml, written when the run began: a key
     removed since is dropped and keys that newer rules find inert are let through, so a run
     resumes (or requeues) under the rules it started with. `refuse_inert=False` lets inert keys
-    through anyway (a tool that first resets them, protocol.config_inert.neutral_overrides)."""
+    through anyway (a tool that first resets them, protocol.config.inert.neutral_overrides)."""
     data = read_yaml(Path(path))
     if run_folder:
         data = without_removed_keys(data)

@@ -1,9 +1,9 @@
 """Per-algorithm config sections: `ar3po:`, `aero:`, `hora:`, `dapo:`, `mugrpo:`, `gcpo:`.
 
 Every switch that turns an algorithm's mechanism on defaults to off here (`ar3po.reuse_mode: off`,
-`gcpo.coef: 0`, `mugrpo.veto_scope: off`, ...); the preset of `algorithm=<name>`
-(protocol/presets.py) turns on its own, under whatever the YAML and the overrides say. The other
-fields are the papers' values (docs/ALGORITHMS.md sections in each docstring).
+`gcpo.coef: 0`, `mugrpo.veto_scope: off`, ...); the preset of `algorithm=<name>` (presets.py)
+turns on its own, under whatever the YAML and the overrides say. The other fields are the
+papers' values (docs/ALGORITHMS.md sections in each docstring).
 """
 
 from __future__ import annotations
