@@ -4,8 +4,9 @@ with the key set shows what it does, or its other values are refused where they 
 A key that nothing reads does nothing whatever its value (`aero.negative_pick` and
 `ar3po.buffer_pick` once were such keys). Three checks, over every field of `Config`:
 - read: the code that runs reads the key by its whole chain (`cfg.optim.lr`, `r.top_p` after
-  `r = cfg.rollout`), outside the value checks in protocol/config/checks.py and the sections'
-  own `validate`: `warm_start.lr` read as `cfg.optim.lr` does not count;
+  `r = cfg.rollout`), outside the value checks in protocol/config/checks.py and the config's
+  own rules (`validate`, `problems`, `inert`): `warm_start.lr` read as `cfg.optim.lr` does not
+  count;
 - acts: a value other than the base config's changes a fingerprint of what a run computes,
   without starting its processes, and holds no copy of a config value: a learner step on a real
   DeepSpeed engine (metrics and exact weights), the coordinator's first hand-out and an actor's
@@ -38,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny-cpu.yaml"
 CODE = ("actors", "learner", "protocol", "rlvr", "tasks")
 ONLY_CHECKS = {"protocol/config/checks.py"}
+# the config's own rules beside each section's keys: a key read there is checked, not used
+RULES = {"validate", "problems", "inert"}
 
 # keys read only inside running processes -> the test that runs with the key set through the
 # config (`key=value`) and observes what it does
@@ -189,7 +192,7 @@ def _section_of_annotation(annotation) -> str | None:
 
 
 def key_reads() -> set[str]:
-    """Config keys read in the code that runs (not in the value checks nor a `validate`), by
+    """Config keys read in the code that runs (not in the value checks nor the config's rules), by
     their full chain: `cfg.rollout.top_p`, `r.top_p` after `r = cfg.rollout` (or as a parameter
     `r: RolloutConfig`), `spec.veto.veto_delta` where a field `veto: MuGRPOConfig` holds a
     section; a top-level key as `<name>.algorithm` on anything but a section."""
@@ -211,7 +214,7 @@ def key_reads() -> set[str]:
     reads: set[str] = set()
     for tree in trees:
         skipped = {id(node) for fn in ast.walk(tree)
-                   if isinstance(fn, ast.FunctionDef) and fn.name == "validate"
+                   if isinstance(fn, ast.FunctionDef) and fn.name in RULES
                    for node in ast.walk(fn)}
         scopes = [tree, *(n for n in ast.walk(tree)
                           if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]

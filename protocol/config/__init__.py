@@ -18,16 +18,22 @@ from typing import Literal
 
 import yaml
 
+from protocol.config.actors import ActorsConfig, WeightSyncConfig
 from protocol.config.algorithms import (AEROConfig, AR3POConfig, DAPOConfig, GCPOConfig,
-                                       HORAConfig, MuGRPOConfig)
+                                        HORAConfig, MuGRPOConfig)
 from protocol.config.checks import renamed_value_problems, value_problems
 from protocol.config.inert import inert_problems, removed_key_problems, without_removed_keys
 from protocol.config.loader import ConfigError, build, dump, load, read_yaml, to_dict  # noqa: F401
+from protocol.config.model import ModelConfig, WarmStartConfig
 from protocol.config.presets import merge_under, preset
-from protocol.config.sections import (  # noqa: F401
-    ActorsConfig, Aggregation, Algorithm, LearnerConfig, LossConfig, ModelConfig, NetConfig,
-    OptimConfig, RolloutConfig, RunConfig, TaskConfig, WarmStartConfig, WeightSyncConfig)
+from protocol.config.rollout import RolloutConfig
+from protocol.config.run import NetConfig, RunConfig
+from protocol.config.task import TaskConfig
+from protocol.config.training import (  # noqa: F401
+    Aggregation, LearnerConfig, LossConfig, OptimConfig)
 from protocol.staleness import Staleness
+
+Algorithm = Literal["grpo", "dapo", "drgrpo", "rloo", "ar3po", "aero", "hora", "mugrpo", "gcpo"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,42 @@ class Config:
         problems = value_problems(self)
         if problems:
             raise ConfigError("\n".join(problems))
+
+    def problems(self, cfg: Config) -> list[str]:
+        """The top-level keys' values that cannot work: the bound, the injected delay, the
+        downweight (`cfg` is this config: every section's `problems` takes the whole tree)."""
+        found = []
+        if self.max_staleness < 0:
+            found.append("max_staleness must be >= 0")
+        if self.stale_inject < 0:
+            found.append(f"'stale_inject' must be >= 0 (0 = off), got {self.stale_inject}")
+        if self.stale_inject and self.mode == "staged":
+            found.append(f"'stale_inject' ({self.stale_inject}) is refused in mode staged: a "
+                         "Mu-GRPO stage already fixes each update's staleness (update u trains "
+                         "on data u versions old); inject into mode sync or async")
+        if not 0 < self.stale_downweight < 1:
+            found.append(f"'stale_downweight' must be in (0, 1), got {self.stale_downweight} (1 "
+                         "is stale_policy tis without a weight, 0 is drop)")
+        return found
+
+    def inert(self, cfg: Config) -> list[tuple[str, str]]:
+        """The staleness keys a mode fixes, and the downweight of another stale_policy."""
+        found = []
+        fixed = {"sync": "0", "staged": "mugrpo.updates_per_stage - 1"}.get(self.mode)
+        if fixed and self.max_staleness not in (Config.max_staleness, self.staleness.bound):
+            found.append(("max_staleness", f"'max_staleness' ({self.max_staleness}) does "
+                          f"nothing in mode {self.mode}: its staleness bound is {fixed} "
+                          f"({self.staleness.bound})"))
+        if fixed and self.stale_policy != Config.stale_policy:
+            found.append(("stale_policy", f"'stale_policy' ({self.stale_policy}) does nothing in "
+                          f"mode {self.mode}: no group comes back staler than the bound, which "
+                          "the mode fixes"))
+        if self.stale_downweight != Config.stale_downweight and (
+                self.stale_policy != "downweight" or fixed):
+            found.append(("stale_downweight", f"'stale_downweight' ({self.stale_downweight}) "
+                          f"acts only under stale_policy downweight in mode async (got "
+                          f"{self.stale_policy}, mode {self.mode})"))
+        return found
 
     @property
     def staleness(self) -> Staleness:

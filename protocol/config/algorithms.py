@@ -3,7 +3,9 @@
 Every switch that turns an algorithm's mechanism on defaults to off here (`ar3po.reuse_mode: off`,
 `gcpo.coef: 0`, `mugrpo.veto_scope: off`, ...); the preset of `algorithm=<name>` (presets.py)
 turns on its own, under whatever the YAML and the overrides say. The other fields are the
-papers' values (docs/ALGORITHMS.md sections in each docstring).
+papers' values (docs/ALGORITHMS.md sections in each docstring). Each class's `validate()`
+checks its own values as it is built (the loader names the section); `inert(cfg)` lists its keys
+set where nothing reads them (protocol/config/inert.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,20 @@ class AR3POConfig:
                              f"{list(self.stage_sizes)}")
         if self.buffer_size < 1:
             raise ValueError("buffer_size must be >= 1")
+
+    def inert(self, cfg) -> list[tuple[str, str]]:
+        """The reuse buffer with reuse off, or read only at its newest entry."""
+        found = []
+        if self.reuse_mode == "off":
+            for key in ("buffer_size", "buffer_pick"):
+                if getattr(self, key) != getattr(AR3POConfig, key):
+                    found.append((f"ar3po.{key}", f"'ar3po.{key}' ({getattr(self, key)}) does "
+                                  "nothing with ar3po.reuse_mode off: no response is reused"))
+        elif self.buffer_pick == "latest" and self.buffer_size != AR3POConfig.buffer_size:
+            found.append(("ar3po.buffer_size", f"'ar3po.buffer_size' ({self.buffer_size}) does "
+                          "nothing with ar3po.buffer_pick latest, which reads only the newest "
+                          "entry (uniform picks among them)"))
+        return found
 
 
 @dataclass(frozen=True)
@@ -182,3 +198,11 @@ class GCPOConfig:
     def validate(self) -> None:
         if self.coef < 0 or self.eps_c <= 0:
             raise ValueError("need coef >= 0 and eps_c > 0")
+
+    def inert(self, cfg) -> list[tuple[str, str]]:
+        """The other form's knob."""
+        key = {"gated": "beta_c", "logsigmoid": "eps_c"}[self.form]
+        if getattr(self, key) == getattr(GCPOConfig, key):
+            return []
+        return [(f"gcpo.{key}", f"'gcpo.{key}' ({getattr(self, key)}) does nothing with "
+                 f"gcpo.form {self.form}")]
