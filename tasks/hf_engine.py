@@ -217,7 +217,8 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor,
                   top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row of `logits` (n, V) and its log-prob under softmax(logits / T).
 
-    temperature (n,): 0 = greedy (log-prob then under the temperature-1 softmax). top_p (n,): nucleus sampling; the log-prob stays the pre-top-p one."""
+    temperature (n,): 0 = greedy (log-prob then under the temperature-1 softmax). top_p (n,):
+    nucleus sampling; the log-prob stays the pre-top-p one."""
     greedy = temperature <= 0
     scaled = logits.float() / torch.where(greedy, 1.0, temperature)[:, None]  # (n, V)
     logp_all = torch.log_softmax(scaled, dim=-1)                              # (n, V)

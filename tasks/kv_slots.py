@@ -1,6 +1,6 @@
-"""The KV cache of a changing set of sequences, for the HF engine's decode loop (tasks/hf_engine.py),
-kept in place: rows live in slots of preallocated buffers and nothing is copied when one joins
-or leaves.
+"""The KV cache of a changing set of sequences, for the HF engine's decode loop
+(tasks/hf_engine.py), kept in place: rows live in slots of preallocated buffers and nothing is
+copied when one joins or leaves.
 
 Every layer's keys and values live in (S, H, C, D) buffers: S slots, C columns. All live rows
 share one write column, `end`: a decode step writes every slot's new key and value at column
