@@ -2,7 +2,11 @@
 
 What: `save_checkpoint` writes `run_dir/checkpoints/step_000123/`:
     hf/            model + tokenizer via `save_pretrained` (safetensors): loadable with
-                   `AutoModelForCausalLM.from_pretrained` and by vLLM, with no DeepSpeed around
+                   `AutoModelForCausalLM.from_pretrained` and by vLLM, with no DeepSpeed around;
+                   under model.lora the whole weights with the adapter merged in
+    adapter/       under model.lora: the adapter's tensors (adapter.safetensors) and the base
+                   they were trained on (base.json: model.path and the sha256 of its weights),
+                   what a resume loads onto model.path's base
     optimizer.pt   optimizer + lr-scheduler state + engine step counters, when the engine's
                    optimizer is a plain torch optimizer (ZeRO stage 0, fp32: the CPU default)
     ds/            DeepSpeed's own `engine.save_checkpoint`, when DeepSpeed wraps the optimizer
@@ -42,6 +46,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from learner.lora import (adapter_state, is_adapted, load_adapter_state, merged_state_dict,
+                          weights_digest)
+
 log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
@@ -51,6 +58,7 @@ OPTIMIZER = "optimizer.pt"
 HF = "hf"
 DS = "ds"
 DS_TAG = "zero"
+ADAPTER = "adapter"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -171,15 +179,66 @@ def _step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 def _save_weights(engine, tokenizer, hf_dir: Path) -> None:
-    """hf/ on rank 0; under ZeRO-3 the full weights are gathered first (a collective)."""
+    """hf/ on rank 0; under ZeRO-3 the full weights are gathered first (a collective); under
+    LoRA hf/ gets the merged weights and adapter/ beside it the adapter and its base."""
     module = engine.module
     state_dict = None
     if engine.zero_optimization_stage() == 3:
         state_dict = engine._zero3_consolidated_16bit_state_dict()
-    if _rank() == 0:
+    if _rank() != 0:
+        return
+    if is_adapted(module):
+        module.get_base_model().save_pretrained(hf_dir, state_dict=merged_state_dict(module))
+        _save_adapter(module, hf_dir.parent / ADAPTER)
+    else:
         module.save_pretrained(hf_dir, state_dict=state_dict)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(hf_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(hf_dir)
+
+
+def _save_adapter(module, folder: Path) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    save_file(adapter_state(module), folder / "adapter.safetensors")
+    base = _base_path(module)
+    (folder / "base.json").write_text(json.dumps({"path": base, "sha256": _digest(base)}))
+
+
+def _base_path(module) -> str:
+    return module.peft_config[module.active_adapter].base_model_name_or_path
+
+
+_DIGESTS: dict[tuple[str, float], str] = {}
+
+
+def _digest(model_path: str) -> str:
+    """The base's weights digest, computed once per path and modification time."""
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    key = (str(Path(model_path).resolve()), max((f.stat().st_mtime for f in files), default=0))
+    if key not in _DIGESTS:
+        _DIGESTS[key] = weights_digest(model_path)
+    return _DIGESTS[key]
+
+
+def _load_adapter(folder: Path, module) -> None:
+    """The adapter onto `module`'s base, which must be the one it was trained on."""
+    from safetensors.torch import load_file
+
+    try:
+        base = json.loads((folder / "base.json").read_text())
+        state = load_file(folder / "adapter.safetensors", device="cpu")
+    except Exception as e:
+        raise CheckpointError(f"{folder} cannot be read: {e}") from e
+    mine = _base_path(module)
+    if base.get("sha256") != _digest(mine):
+        raise CheckpointError(f"{folder / 'base.json'}: the adapter was trained on the base at "
+                              f"{base.get('path')!r}, whose weights differ from model.path "
+                              f"{mine!r}: resume with the same model.path")
+    try:
+        load_adapter_state(module, state)
+    except (ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{folder / 'adapter.safetensors'}: {e}") from e
 
 
 def _save_optimizer(engine, tmp: Path) -> None:
@@ -354,10 +413,22 @@ def load_checkpoint(path: str | Path, engine) -> dict:
     if problem:
         raise CheckpointError(problem)
     run_state = json.loads((path / STATE).read_bytes())
+    adapted = is_adapted(engine.module)
+    if adapted and not (path / ADAPTER).is_dir():
+        raise CheckpointError(f"{path / ADAPTER} missing: {path} is not a model.lora run's "
+                              "checkpoint (resume it with model.lora.rank 0)")
+    if not adapted and (path / ADAPTER).is_dir():
+        raise CheckpointError(f"{path} holds a LoRA adapter ({path / ADAPTER}): resume it with "
+                              "the run's model.lora settings")
     if (path / DS).is_dir():
+        if adapted:  # the adapter's base checked; DeepSpeed restores every weight itself
+            _load_adapter(path / ADAPTER, engine.module)
         _load_deepspeed(path / DS, engine)  # weights, optimizer, scheduler, counters
     else:
-        _load_hf_weights(path / HF, engine.module)
+        if adapted:
+            _load_adapter(path / ADAPTER, engine.module)
+        else:
+            _load_hf_weights(path / HF, engine.module)
         if (path / OPTIMIZER).is_file():
             _load_optimizer(path / OPTIMIZER, engine)
         elif getattr(engine, "optimizer", None) is not None:

@@ -11,6 +11,7 @@ import os
 import torch
 from transformers import AutoModelForCausalLM
 
+from learner.lora import is_adapted, merged_parameters, with_adapter
 from protocol.config import Config
 from protocol.weights import listen_refusal
 
@@ -54,7 +55,9 @@ def build_engine(cfg: Config, model_path: str):
     import deepspeed
 
     model = policy_model(cfg, model_path)
-    optimizer = torch.optim.AdamW(model.parameters(), **adamw_kwargs(cfg))
+    # under LoRA only the adapter's parameters train: the optimizer holds state for them alone
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, **adamw_kwargs(cfg))
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
                                       config=deepspeed_config(cfg))
     return engine
@@ -62,10 +65,15 @@ def build_engine(cfg: Config, model_path: str):
 
 def policy_model(cfg: Config, model_path: str):
     """The HF model the engine trains: float32 master weights, activations recomputed in the
-    backward pass under learner.grad_checkpointing."""
+    backward pass under learner.grad_checkpointing; under model.lora a LoRA adapter on the
+    frozen base (learner/lora.py)."""
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     if cfg.learner.grad_checkpointing:
         model.gradient_checkpointing_enable()
+        if cfg.model.lora.rank:  # frozen embeddings: checkpointed blocks need an input grad
+            model.enable_input_require_grads()
+    if cfg.model.lora.rank:
+        model = with_adapter(model, cfg.model.lora)
     return model
 
 
@@ -102,14 +110,18 @@ def set_learning_rate(engine, lr: float) -> None:
         group["lr"] = lr
 
 
-def build_reference(cfg: Config):
+def build_reference(cfg: Config, engine=None):
     """The KL reference policy (docs/ALGORITHMS.md 1.5): a frozen copy of the initial weights, read
     from model.path (the run's initial model, also after a resume), in the learner's compute
-    dtype; None when loss.kl_beta is 0. ZeRO 0-2 keep it whole on the learner's device beside
-    the policy (a plain module); ZeRO-3 makes it an inference-only ZeRO-3 engine (no optimizer),
-    its parameters offloaded to CPU memory on GPU and gathered layer by layer in its forward."""
+    dtype; None when loss.kl_beta is 0. Under model.lora the policy's own module, `engine`'s,
+    whose base is those weights: a reference pass switches its adapter off (learner/lora.py
+    `reference_off`). ZeRO 0-2 keep a copy whole on the learner's device beside the policy (a
+    plain module); ZeRO-3 makes it an inference-only ZeRO-3 engine (no optimizer), its
+    parameters offloaded to CPU memory on GPU and gathered layer by layer in its forward."""
     if cfg.loss.kl_beta == 0:
         return None
+    if cfg.model.lora.rank:
+        return engine.module
     dtype = torch.bfloat16 if cfg.optim.bf16 else torch.float32
     model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype)
     model.requires_grad_(False).eval()
@@ -132,10 +144,12 @@ def build_reference(cfg: Config):
 
 def publish_weights(engine, weights, bucket_bytes: int) -> tuple[int, int]:
     """Broadcast the full parameters to the actors; under ZeRO-3 each bucket is gathered from
-    its shards just before it is sent, so the full model never sits in memory at once. Returns
-    the buckets and bytes sent."""
+    its shards just before it is sent, so the full model never sits in memory at once; under
+    LoRA the whole weights with the adapter merged in. Returns the buckets and bytes sent."""
     import deepspeed
 
+    if is_adapted(engine.module):  # whole weights, the adapter merged in (ZeRO 0-2)
+        return weights.send(merged_parameters(engine.module), bucket_bytes)
     gather = None
     if engine.zero_optimization_stage() == 3:
         gather = lambda params: deepspeed.zero.GatheredParameters(params)  # noqa: E731

@@ -102,7 +102,7 @@ class Leader:
 
         self.cfg, self.run_dir, self.tokenizer = cfg, run_dir, tokenizer
         self.engine = build_engine(cfg, cfg.model.path)
-        self.reference = build_reference(cfg)  # KL: the initial weights, also after a resume
+        self.reference = build_reference(cfg, self.engine)  # KL: the initial weights, always
         self.followers = PlanChannel()
         self.checkpointed_step: int | None = None
 
@@ -147,7 +147,7 @@ class Follower:
         self.cfg, self.run_dir = cfg, run_dir
         self.pad_id = load_tokenizer(cfg.model.path).pad_token_id
         self.engine = build_engine(cfg, cfg.model.path)
-        self.reference = build_reference(cfg)  # the initial weights, never a checkpoint's
+        self.reference = build_reference(cfg, self.engine)  # the initial weights, always
         self.channel = PlanChannel()
 
     def run(self) -> None:

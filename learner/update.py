@@ -46,6 +46,7 @@ from learner.batch import (Row, micro_batches, mini_batches, of_responses, on_re
                            tokens)
 from learner.engine import learning_rate, set_learning_rate
 from learner.logprobs import model_device, token_logp
+from learner.lora import reference_off
 from learner.losses import gcpo_loss
 from learner.micro_loss import (ContrastGroup, Denominators, LossRow, contrast_batches,  # noqa: F401
                                 contrast_terms, dropped_tokens, pg_loss, ratio_terms, zero_loss)
@@ -149,7 +150,8 @@ def policy_update(engine, rows: list[Row], spec: UpdateSpec, pad_id: int,
         timing["timing/old_logp"] = time.time() - t
     if reference is not None:
         t = time.time()
-        ref = logp_pass(reference, rows, mine, spec, pad_id)
+        with reference_off(reference):
+            ref = logp_pass(reference, rows, mine, spec, pad_id)
         timing["timing/ref"] = time.time() - t
     norms, per_step = [], []  # per optimizer step: (clipped, loss tokens) on this rank
     for steps in passes:

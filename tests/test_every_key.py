@@ -151,6 +151,7 @@ WHERE = {
     "ar3po.": ["algorithm=ar3po", "ar3po.reuse_mode=direct_replay", "ar3po.buffer_pick=uniform"],
     "aero.": ["algorithm=aero"], "hora.": ["algorithm=hora"], "dapo.": ["algorithm=dapo"],
     "mugrpo.": ["algorithm=mugrpo"], "gcpo.": ["algorithm=gcpo"],
+    "model.lora.": ["model.lora.rank=2"],
     "warm_start.source": ["task.kind=file"],  # with the files the fixture writes
     "task.": ["task.kind=file"],  # with the files the fixture writes, but for:
 }
@@ -162,6 +163,7 @@ ALTERNATIVES = {
     "warm_start.level_weights": ["[0.2, 0.8, 0.0]"], "task.ops": ['["+", "-"]'],
     "learner.max_tokens_per_micro_batch": ["12", "100"],  # the probe's rows are short
     "loss.dual_clip": ["1.5", "3"],  # few of the probe's ratios pass 3
+    "model.lora.target_modules": ['["q_proj", "v_proj"]'],
 }
 
 
@@ -176,9 +178,18 @@ def leaf_keys(cls: type = Config, prefix: str = "") -> list[str]:
     return keys
 
 
-SECTIONS = {f.name: f.default_factory.__name__ for f in dataclasses.fields(Config)
-            if dataclasses.is_dataclass(f.default_factory)}
-"""Config's sections by attribute name: "rollout" -> "RolloutConfig"."""
+def _sections(cls: type = Config, prefix: str = "") -> dict[str, str]:
+    found = {}
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(f.default_factory):
+            found[prefix + f.name] = f.default_factory.__name__
+            found |= _sections(f.default_factory, f"{prefix}{f.name}.")
+    return found
+
+
+SECTIONS = _sections()
+"""Config's sections by dotted path: "rollout" -> "RolloutConfig", "model.lora" ->
+"LoraConfig"."""
 
 
 def _section_of_annotation(annotation) -> str | None:
@@ -412,7 +423,7 @@ def probe_update(cfg: Config) -> tuple:
         try:
             engine = build_engine(cfg, cfg.model.path)
             metrics = policy_update(engine, copy.deepcopy(rows), spec, 0, contrasts,
-                                    build_reference(cfg), step=3)
+                                    build_reference(cfg, engine), step=3)
             weights = exact_hash(full_parameters(engine))
         finally:
             torch.set_num_threads(threads)

@@ -1,16 +1,56 @@
-"""The model and its warm start: `model:` (a checkpoint, or the embedded tiny model's shape)
-and `warm_start:` (the tiny model's supervised start). Each class holds its keys' meaning and
-their rules (`problems(cfg)`, protocol/config/checks.py).
+"""The model and its warm start: `model:` (a checkpoint, or the embedded tiny model's shape, and
+`model.lora:`, the adapter trained instead of every weight) and `warm_start:` (the tiny model's
+supervised start). Each class holds its keys' meaning and their rules (`problems(cfg)`, `inert`;
+protocol/config/checks.py, inert.py).
 """
 
 from __future__ import annotations
 
 import re
-
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from protocol.config.checks import non_negative, positive
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    rank: int = 0
+    """LoRA: train a low-rank adapter of this rank (r) on `target_modules` instead of every
+    weight; 0 = off. The learner keeps optimizer state for the adapter alone, and the KL
+    reference is the base model with the adapter switched off (no second copy). Raise
+    optim.lr about 10x over full fine-tuning (docs/TRAINING.md, "LoRA")."""
+    alpha: float = 32.0
+    """The adapter's scale: its update is (alpha / rank) B A."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input in training passes, in [0, 1)."""
+    target_modules: tuple[str, ...] = ("all-linear",)
+    """Module names the adapter wraps (PEFT's target_modules): the default, all-linear, is every
+    linear layer of the decoder blocks, not the embeddings or the LM head."""
+
+    def problems(self, cfg) -> list[str]:
+        """The rank, scale and dropout; what LoRA cannot run with."""
+        found = non_negative({"model.lora.rank": self.rank})
+        found += positive({"model.lora.alpha": self.alpha})
+        if not 0 <= self.dropout < 1:
+            found.append(f"'model.lora.dropout' must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            found.append("'model.lora.target_modules' must name at least one module (default: "
+                         "all-linear)")
+        if self.rank > 0 and cfg.optim.zero_stage == 3:
+            found.append(f"'model.lora.rank' ({self.rank}) is not supported with optim.zero_stage "
+                         "3: the checkpoint and the weights sent to the actors merge the "
+                         "adapter into whole weights (use ZeRO stage 0-2)")
+        return found
+
+    def inert(self, cfg) -> list[tuple[str, str]]:
+        """The adapter's knobs with no adapter."""
+        if self.rank > 0:
+            return []
+        return [(f"model.lora.{key}", f"'model.lora.{key}' ({getattr(self, key)}) does nothing "
+                 "with model.lora.rank 0 (no adapter)")
+                for key in ("alpha", "dropout", "target_modules")
+                if getattr(self, key) != getattr(LoraConfig, key)]
 
 
 @dataclass(frozen=True)
@@ -32,6 +72,8 @@ class ModelConfig:
     max_positions: int = 256
     """Tiny model: the longest prompt + response it takes, in tokens (max_position_embeddings;
     vLLM's max_model_len unless actors.max_model_len says less)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """A LoRA adapter trained instead of every weight (off: rank 0)."""
 
     def problems(self, cfg) -> list[str]:
         """The tiny model's shape, the device, the positions a response needs."""
@@ -47,7 +89,10 @@ class ModelConfig:
             found.append(f"'model.max_positions' ({self.max_positions}) must exceed "
                          f"'rollout.max_new_tokens' ({max_new}): the tiny model's "
                          "positions hold prompt + response")
-        return found
+        return found + self.lora.problems(cfg)
+
+    def inert(self, cfg) -> list[tuple[str, str]]:
+        return self.lora.inert(cfg)
 
 
 @dataclass(frozen=True)
