@@ -22,7 +22,7 @@ from __future__ import annotations
 BUSY_LANE = {"test_algorithms_e2e.py", "test_bench.py", "test_bench_generation.py",
              "test_e2e.py", "test_e2e_learner.py", "test_faults.py", "test_faults_wire.py",
              "test_learner_ranks.py", "test_sweep.py", "test_calibration.py",
-             "test_deterministic.py"}
+             "test_deterministic.py", "test_lora.py"}
 SLURM_LANE = {"test_slurm_cluster.py", "test_sweep_slurm.py"}
 # the sandbox tests check machine-wide that no sandbox process outlives its run; the code task's
 # training run starts sandboxes all the time
