@@ -46,8 +46,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from learner.lora import (adapter_state, is_adapted, load_adapter_state, merged_state_dict,
-                          weights_digest)
+from learner.lora import is_adapted, load_adapter, merged_state_dict, save_adapter
 
 log = logging.getLogger(__name__)
 
@@ -189,56 +188,11 @@ def _save_weights(engine, tokenizer, hf_dir: Path) -> None:
         return
     if is_adapted(module):
         module.get_base_model().save_pretrained(hf_dir, state_dict=merged_state_dict(module))
-        _save_adapter(module, hf_dir.parent / ADAPTER)
+        save_adapter(module, hf_dir.parent / ADAPTER)
     else:
         module.save_pretrained(hf_dir, state_dict=state_dict)
     if tokenizer is not None:
         tokenizer.save_pretrained(hf_dir)
-
-
-def _save_adapter(module, folder: Path) -> None:
-    from safetensors.torch import save_file
-
-    folder.mkdir()
-    save_file(adapter_state(module), folder / "adapter.safetensors")
-    base = _base_path(module)
-    (folder / "base.json").write_text(json.dumps({"path": base, "sha256": _digest(base)}))
-
-
-def _base_path(module) -> str:
-    return module.peft_config[module.active_adapter].base_model_name_or_path
-
-
-_DIGESTS: dict[tuple[str, float], str] = {}
-
-
-def _digest(model_path: str) -> str:
-    """The base's weights digest, computed once per path and modification time."""
-    files = sorted(Path(model_path).glob("*.safetensors"))
-    key = (str(Path(model_path).resolve()), max((f.stat().st_mtime for f in files), default=0))
-    if key not in _DIGESTS:
-        _DIGESTS[key] = weights_digest(model_path)
-    return _DIGESTS[key]
-
-
-def _load_adapter(folder: Path, module) -> None:
-    """The adapter onto `module`'s base, which must be the one it was trained on."""
-    from safetensors.torch import load_file
-
-    try:
-        base = json.loads((folder / "base.json").read_text())
-        state = load_file(folder / "adapter.safetensors", device="cpu")
-    except Exception as e:
-        raise CheckpointError(f"{folder} cannot be read: {e}") from e
-    mine = _base_path(module)
-    if base.get("sha256") != _digest(mine):
-        raise CheckpointError(f"{folder / 'base.json'}: the adapter was trained on the base at "
-                              f"{base.get('path')!r}, whose weights differ from model.path "
-                              f"{mine!r}: resume with the same model.path")
-    try:
-        load_adapter_state(module, state)
-    except (ValueError, RuntimeError) as e:
-        raise CheckpointError(f"{folder / 'adapter.safetensors'}: {e}") from e
 
 
 def _save_optimizer(engine, tmp: Path) -> None:
@@ -420,14 +374,15 @@ def load_checkpoint(path: str | Path, engine) -> dict:
     if not adapted and (path / ADAPTER).is_dir():
         raise CheckpointError(f"{path} holds a LoRA adapter ({path / ADAPTER}): resume it with "
                               "the run's model.lora settings")
+    if adapted:  # onto its own base; on the ds/ path DeepSpeed then restores every weight
+        try:
+            load_adapter(path / ADAPTER, engine.module)
+        except ValueError as e:
+            raise CheckpointError(str(e)) from e
     if (path / DS).is_dir():
-        if adapted:  # the adapter's base checked; DeepSpeed restores every weight itself
-            _load_adapter(path / ADAPTER, engine.module)
         _load_deepspeed(path / DS, engine)  # weights, optimizer, scheduler, counters
     else:
-        if adapted:
-            _load_adapter(path / ADAPTER, engine.module)
-        else:
+        if not adapted:
             _load_hf_weights(path / HF, engine.module)
         if (path / OPTIMIZER).is_file():
             _load_optimizer(path / OPTIMIZER, engine)

@@ -5,8 +5,9 @@ What: `with_adapter` wraps the policy in a PEFT LoRA adapter of `model.lora.rank
 gradients and optimizer state. `merged_parameters` is the policy as whole weights, each adapted
 layer's W + (alpha / r) B A under the base model's own parameter names: what the actors receive
 at a sync and what a checkpoint's hf/ holds, so every reader of weights (actors, `rlvr eval`,
-a restarted actor) sees a plain model. `adapter_state` / `load_adapter_state` are the
-adapter's tensors alone, what a checkpoint keeps to resume (the base is model.path's).
+a restarted actor) sees a plain model. `save_adapter` / `load_adapter` write and read a
+checkpoint's adapter/ (the adapter's tensors and the digest of the base they were trained on),
+what a resume loads onto model.path's base.
 
 Why merged whole weights on the wire: the actors' engines then need nothing LoRA-specific; the
 adapter alone would be far fewer bytes (docs/TRAINING.md, "LoRA", says what is sent).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 from pathlib import Path
 
 import torch
@@ -86,6 +88,55 @@ def reference_off(reference):
     if is_adapted(reference):
         return reference.disable_adapter()
     return contextlib.nullcontext()
+
+
+def save_adapter(module, folder: Path) -> None:
+    """A checkpoint's adapter/: the adapter's tensors (adapter.safetensors) and the base they
+    were trained on (base.json: its path and weights digest)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    save_file(adapter_state(module), folder / "adapter.safetensors")
+    base = base_path(module)
+    (folder / "base.json").write_text(json.dumps({"path": base, "sha256": _digest(base)}))
+
+
+def load_adapter(folder: Path, module) -> None:
+    """A checkpoint's adapter/ onto `module`'s base, which must be the one it was trained on;
+    ValueError naming the file otherwise."""
+    from safetensors.torch import load_file
+
+    try:
+        base = json.loads((folder / "base.json").read_text())
+        state = load_file(folder / "adapter.safetensors", device="cpu")
+    except Exception as e:
+        raise ValueError(f"{folder} cannot be read: {e}") from e
+    mine = base_path(module)
+    if base.get("sha256") != _digest(mine):
+        raise ValueError(f"{folder / 'base.json'}: the adapter was trained on the base at "
+                         f"{base.get('path')!r}, whose weights differ from model.path {mine!r}: "
+                         "resume with the same model.path")
+    try:
+        load_adapter_state(module, state)
+    except (ValueError, RuntimeError) as e:
+        raise ValueError(f"{folder / 'adapter.safetensors'}: {e}") from e
+
+
+def base_path(module) -> str:
+    """The folder the adapted `module`'s base was loaded from (model.path)."""
+    return module.peft_config[module.active_adapter].base_model_name_or_path
+
+
+_DIGESTS: dict[tuple[str, float], str] = {}
+
+
+def _digest(model_path: str) -> str:
+    """The base's weights digest, computed once per path and modification time."""
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    key = (str(Path(model_path).resolve()), max((f.stat().st_mtime for f in files), default=0))
+    if key not in _DIGESTS:
+        _DIGESTS[key] = weights_digest(model_path)
+    return _DIGESTS[key]
 
 
 def weights_digest(model_path: str | Path) -> str:
