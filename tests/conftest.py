@@ -18,6 +18,16 @@ from tests.lanes import make_scheduler
 settings.register_profile("rlvr", deadline=None)
 settings.load_profile("rlvr")
 
+# One torch thread in every test process that does not choose its own: each xdist worker, and
+# the processes a test starts (an `rlvr` run's actors and learner set theirs from the config).
+# Two OpenMP threads on a 2-core machine whose other core is busy (the other worker, a warm
+# start built in the background at a higher priority) spin at every barrier waiting for the
+# descheduled one: tests/test_update_steps.py took 149 s beside one busy process at nice -10,
+# 12 s with one thread, 11 s on an idle machine. torch reads the variable when it is imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # imported before this file (a plugin): set it there too
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny-cpu.yaml"
 
@@ -33,7 +43,7 @@ def tiny_model(tmp_path_factory) -> Path:
     base = tmp_path_factory.getbasetemp()
     cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "warm"
     cfg = load_config(TINY, [f"warm_start.cache_dir={cache}", "warm_start.steps=60"])
-    return ensure_warm_start(cfg, log=lambda *_: None)
+    return ensure_warm_start(cfg, log=lambda *_: None, threads=1)
 
 
 # The full warm starts two configs ship with, in the project's cache (shared with `make demo` and
@@ -125,7 +135,7 @@ def _full_warm_start(name: str) -> Path:
     # waits for it); built here when no collected test asked
     return ensure_warm_start(load_config(FULL_WARM_STARTS[name],
                                          [f"warm_start.cache_dir={WARM_CACHE}"]),
-                             log=lambda *_: None)
+                             log=lambda *_: None, threads=1)
 
 
 @pytest.fixture(scope="session")
