@@ -17,6 +17,8 @@ architecture it can load as a causal LM, and a tokenizer.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,7 +112,10 @@ def check_reward(cfg: Config) -> str | None:
 
 def check_model(cfg: Config) -> str | None:
     """What is wrong with `model.path`, in one line, or None (also when it is unset: the
-    built-in task warm-starts its own model)."""
+    built-in task warm-starts its own model). A folder that passed is remembered under
+    `warm_start.cache_dir` by the digest of what the verdict reads (model_folder_digest), so a
+    run on a model checked before does not import transformers here: 10 s of the launcher's
+    start-up, before any process can start."""
     path = cfg.model.path
     if not path:
         return None
@@ -118,6 +123,32 @@ def check_model(cfg: Config) -> str | None:
         return f"model.path {path}: no such folder (a Hugging Face model folder is expected)"
     if not (Path(path) / "config.json").is_file():
         return f"model.path {path}: no config.json (not a Hugging Face model folder)"
+    passed = Path(cfg.warm_start.cache_dir) / "checked-models" / model_folder_digest(Path(path))
+    if passed.exists():
+        return None
+    problem = _check_model_folder(path)
+    if problem is None:
+        passed.parent.mkdir(parents=True, exist_ok=True)
+        passed.touch()
+    return problem
+
+
+# the files a model's weights are kept in: the check reads none of them
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack")
+
+
+def model_folder_digest(folder: Path) -> str:
+    """What check_model's verdict depends on: the installed transformers' version and the name
+    and bytes of each file in the folder but the weights (config.json, the tokenizer's files)."""
+    digest = hashlib.sha256(importlib.metadata.version("transformers").encode())
+    for f in sorted(folder.iterdir()):
+        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES):
+            digest.update(f"\0{f.name}\0{f.stat().st_size}\0".encode())
+            digest.update(f.read_bytes())
+    return digest.hexdigest()[:20]
+
+
+def _check_model_folder(path: str) -> str | None:
     from transformers import AutoConfig
 
     from tasks.tiny_model import load_tokenizer

@@ -4,11 +4,13 @@ folder is named (key, file, line) in one line, and no process is started for it.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from protocol.config import load_config
+from rlvr import data_check
 from rlvr.data_check import check_model
 from tests.conftest import TINY, run_rlvr
 
@@ -129,6 +131,25 @@ def test_a_model_path_that_is_no_loadable_model_is_named_in_one_line(broken, tmp
     assert problem.startswith(f"model.path {model}: ") and expected in problem
     assert "\n" not in problem
     assert check_model(load_config(TINY, [f"model.path={tiny_model}"])) is None
+
+
+def test_a_model_folder_that_passed_is_checked_again_only_when_a_file_the_check_reads_changes(
+        tmp_path, tiny_model, monkeypatch):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    cfg = load_config(TINY, [f"model.path={model}", f"warm_start.cache_dir={tmp_path / 'cache'}"])
+    assert check_model(cfg) is None
+    real_check = data_check._check_model_folder
+    monkeypatch.setattr(data_check, "_check_model_folder", lambda path: "checked again")
+    assert check_model(cfg) is None  # remembered: transformers is not imported for it
+    (model / "model.safetensors").write_bytes(b"other weights")  # the check reads no weights
+    assert check_model(cfg) is None
+    monkeypatch.setattr(data_check, "_check_model_folder", real_check)
+    config = (model / "config.json").read_text()
+    assert '"vocab_size": 101' in config  # an edit of the same size, so only the bytes differ
+    (model / "config.json").write_text(config.replace('"vocab_size": 101', '"vocab_size":  99'))
+    assert check_model(cfg) == (f"model.path {model}: the tokenizer has 101 tokens, the model "
+                                "embeds 99")
 
 
 def test_train_refuses_a_model_path_before_any_process_starts(tmp_path):

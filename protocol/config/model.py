@@ -114,7 +114,8 @@ class WarmStartConfig:
     pads the whole batch to its width (the long-tail task's 64-row step: 0.65-0.8 s against 2.0 s
     in one pass). null = one pass."""
     cache_dir: str = ".cache/rlvr"
-    """Where warm-started models are cached, keyed by a hash of everything that shapes them."""
+    """The project's cache: warm-started models, keyed by a hash of everything that shapes them,
+    and the model folders that passed `rlvr train`'s check (rlvr/data_check.py)."""
     source: Literal["arithmetic", "task"] = "arithmetic"
     """What the tiny model is warm-started on: the synthetic arithmetic task, or the task's own
     training rows, imitating each row's solution (task.solution_field, required then) from the
