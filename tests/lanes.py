@@ -27,10 +27,6 @@ SLURM_LANE = {"test_slurm_cluster.py", "test_sweep_slurm.py"}
 # the sandbox tests check machine-wide that no sandbox process outlives its run; the code task's
 # training run starts sandboxes all the time
 SANDBOX_LANE = {"test_sandbox.py", "test_code_e2e.py"}
-# handed out only when every other lane is: the code task's run waits for its warm start (built in
-# the background from the session's start, tests/conftest.py), and a worker taking it early would
-# sit idle until then
-LAST_LANES = ("sandbox",)
 
 
 def lane(nodeid: str) -> str:
@@ -56,11 +52,5 @@ def make_scheduler(config, log):
     class LaneScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return lane(nodeid)
-
-        def _assign_work_unit(self, node) -> None:
-            for scope in LAST_LANES:
-                if scope in self.workqueue and len(self.workqueue) > 1:
-                    self.workqueue.move_to_end(scope)
-            super()._assign_work_unit(node)
 
     return LaneScheduling(config, log)

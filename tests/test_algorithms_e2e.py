@@ -2,8 +2,8 @@
 selected by one `algorithm=<name>` override, and its metrics say what its definition says.
 
 Runs that need prompts to come back (reuse, HORA's counts, the veto's negative responses) use a
-four-problem file task whose questions the warm-started tiny model gets right 10-20% of the time,
-so all-fail, mixed and repeated groups all occur within a few steps.
+four-problem file task (tests/conftest.py's FEW) whose questions the short warm start seldom gets
+right, so all-fail, mixed and repeated groups all occur within a few steps.
 """
 
 from __future__ import annotations
@@ -16,19 +16,11 @@ from pathlib import Path
 import pytest
 
 from tests.calibration import record
-from tests.conftest import quick_run_args, read_rows, run_rlvr
+from tests.conftest import few_problems, quick_run_args, read_rows, run_rlvr
 
 pytestmark = pytest.mark.slow
 
-FEW = [("8-2=", "6"), ("8+1=", "9"), ("3+0=", "3"), ("6-5=", "1")]
 N, PROMPTS = 8, 8  # rollout.group_size (tiny-cpu.yaml) and rollout.prompts_per_step (quick run)
-
-
-def few_problems(tmp_path: Path) -> list[str]:
-    path = tmp_path / "few.jsonl"
-    path.write_text("".join(json.dumps({"prompt": q, "answer": a, "solution": f"\\boxed{{{a}}}"})
-                            + "\n" for q, a in FEW))
-    return ["task.kind=file", f"task.train_path={path}", f"task.eval_path={path}"]
 
 
 def train(tmp_path: Path, model: Path, name: str, *overrides: str) -> list[dict]:
