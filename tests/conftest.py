@@ -29,8 +29,6 @@ if "torch" in sys.modules:  # imported before this file (a plugin): set it there
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny-cpu.yaml"
-
-
 CODE = ROOT / "configs" / "tiny-cpu-code.yaml"
 
 
@@ -129,6 +127,12 @@ def assert_admitted_within_bound(rows: list[dict], groups_per_step: int, bound: 
                                        f"at version {opens_at} (step {r['step']})")
             checked += 1
     return checked
+
+
+def groups_trained_behind(rows: list[dict]) -> int:
+    """How many trained groups were sampled by weights older than the learner's (step s trains
+    version s - 1), by the audit of their first tokens' versions: an async actor ran ahead."""
+    return sum(r["step"] - 1 - v >= 1 for r in rows for v in r["groups/trained_first_versions"])
 
 
 def assert_on_policy(rows: list[dict]) -> None:
