@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import importlib
 import os
 import random
 import signal
@@ -24,6 +25,11 @@ from protocol.exit_codes import REQUEUE_EXIT_CODE
 from protocol.config import Config, ConfigError, load_config, write_resolved
 from protocol.config.checks import config_warnings
 from rlvr.data_check import preflight
+
+
+SPAWNER_ENV = "RLVR_SPAWNER"
+"""Names a module whose `spawn(argv, log_path, env, pass_fds, console_env)` starts the run's
+processes instead of `python -m` (the test suite's preloaded fork server, tests/forkserver.py)."""
 
 
 def ephemeral_ports() -> tuple[int, int]:
@@ -125,7 +131,12 @@ def spawn(args: list[str], log_path: Path | None, env: dict | None = None,
     out = open(log_path, "ab") if log_path else None
     fds = (os.dup(sys.stderr.fileno()),) if console and out else ()
     named = {CONSOLE_FD_ENV: str(fds[0])} if fds else {}
+    spawner = os.environ.get(SPAWNER_ENV)
     try:
+        if spawner and out:  # see SPAWNER_ENV
+            return importlib.import_module(spawner).spawn(
+                args, log_path, {**os.environ, **(env or {})}, fds,
+                CONSOLE_FD_ENV if fds else None)
         return subprocess.Popen([sys.executable, "-m", *args], stdout=out,
                                 stderr=subprocess.STDOUT if out else None,
                                 env={**os.environ, **(env or {}), **named}, pass_fds=fds)

@@ -6,10 +6,13 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from rlvr.launch import SPAWNER_ENV
+from tests.forkserver import Server
 from tests.lanes import make_scheduler
 
 # no per-example deadline anywhere: on a shared 2-core machine (the other worker's training runs)
@@ -67,9 +70,21 @@ def pytest_xdist_make_scheduler(config, log):
     return make_scheduler(config, log)
 
 
+FORK_SERVER = Server(Path(tempfile.mkdtemp(prefix="rlvr-forkserver-")))
+
+
+def rlvr_env(env: dict | None = None) -> dict[str, str]:
+    """The environment of a test's `rlvr` command: its learner and actors start from this test
+    process's fork server (tests/forkserver.py), unless `env` or the suite's environment sets
+    RLVR_SPAWNER to '' (`python -m` processes, as a user's run starts them)."""
+    served = {} if os.environ.get(SPAWNER_ENV) == "" else FORK_SERVER.env()
+    return {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true", **served,
+            **(env or {})}
+
+
 def run_rlvr(*args: str, timeout_s: float = 240, env: dict | None = None
              ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true", **(env or {})}
+    env = rlvr_env(env)
     return subprocess.run([sys.executable, "-m", "rlvr.cli", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout_s)
 

@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from tests.calibration import record
-from tests.conftest import (assert_admitted_within_bound, assert_on_policy,
+from tests.conftest import (SPAWNER_ENV, assert_admitted_within_bound, assert_on_policy,
                             groups_trained_behind, quick_run_args, read_rows, run_rlvr)
 
 pytestmark = pytest.mark.slow
@@ -128,7 +128,8 @@ def test_a_run_keeps_its_folder_checkpoints_wandb_progress_syncs_and_verdicts_as
                                     "run.checkpoint_every=1", "run.keep_checkpoints=1",
                                     "run.wandb=offline", "run.progress=true",
                                     "weight_sync.bucket_mb=1", "actors.verifier_timeout_s=1",
-                                    "task.reward=tests.reward_plugins:slow_first"))
+                                    "task.reward=tests.reward_plugins:slow_first"),
+                    env={SPAWNER_ENV: ""})  # `python -m` processes, whose imports warn
     assert done.returncode == 0, done.stderr[-3000:]
     assert (run / "config.yaml").exists() and (run / "summary.json").exists()
     checkpoints = sorted((run / "checkpoints").glob("step_*"))

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from learner.checkpoint import latest_checkpoint
-from tests.conftest import (ROOT, TINY, assert_admitted_within_bound, quick_run_args,
-                            read_rows, run_rlvr)
+from tests.conftest import (ROOT, SPAWNER_ENV, TINY, assert_admitted_within_bound,
+                            quick_run_args, read_rows, rlvr_env, run_rlvr)
 
 pytestmark = pytest.mark.slow
 
@@ -28,9 +28,8 @@ FAST_FAULTS = ("actors.heartbeat_s=0.5", "actors.heartbeat_timeout_s=6",
                "weight_sync.timeout_s=20")
 
 
-def start_rlvr(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true"}
-    return subprocess.Popen([sys.executable, "-m", "rlvr.cli", *args], cwd=ROOT, env=env,
+def start_rlvr(*args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "rlvr.cli", *args], cwd=ROOT, env=rlvr_env(env),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -338,7 +337,9 @@ def test_a_terminated_train_stops_its_learner_actors_and_verifiers(tmp_path, tin
     """`kill`, `timeout` and a container's stop send SIGTERM to `rlvr train`: every process of
     the run stops with it, none runs on orphaned."""
     run = tmp_path / "runs" / "term"
-    proc = start_rlvr(*quick_run_args(run, tiny_model, "run.steps=100000", "actors.count=2"))
+    # started as `python -m`, not by the fork server: the launcher's descendants are the run
+    proc = start_rlvr(*quick_run_args(run, tiny_model, "run.steps=100000", "actors.count=2"),
+                      env={SPAWNER_ENV: ""})
     wait_for("a trained step", lambda: last_step(run) >= 2, proc)
     started = descendants(proc.pid)
     # the learner, two actors, and a verifier child under each
