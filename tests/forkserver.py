@@ -207,7 +207,8 @@ class Server:
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-m", "tests.forkserver", str(self.path)],
-                    cwd=Path(__file__).parent.parent, stdout=subprocess.PIPE, stderr=log)
+                    cwd=Path(__file__).parent.parent, stdout=subprocess.PIPE, stderr=log,
+                    start_new_session=True)  # a group of its own, its children's too
             for line in self.proc.stdout:  # what the libraries print while imported, then
                 if line.strip() == b"ready":
                     break
@@ -217,8 +218,12 @@ class Server:
         return {SPAWNER_ENV: __name__, SOCKET_ENV: str(self.path)}
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+        """The server and what a failed test left running of its children."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             self.proc.wait()
 
 

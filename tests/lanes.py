@@ -26,7 +26,7 @@ BUSY_LANE = {"test_algorithms_e2e.py", "test_bench.py", "test_bench_generation.p
 SLURM_LANE = {"test_slurm_cluster.py", "test_sweep_slurm.py"}
 # the sandbox tests check machine-wide that no sandbox process outlives its run; the code task's
 # training run starts sandboxes all the time
-SANDBOX_LANE = {"test_sandbox.py", "test_code_e2e.py"}
+SANDBOX_LANE = {"test_sandbox.py", "test_sandbox_limits.py", "test_code_e2e.py"}
 
 
 def lane(nodeid: str) -> str:
