@@ -78,6 +78,7 @@ class Coordinator:
         self.members: frozenset[bytes] = frozenset()
         self._ids_seen: set[int] = set()
         self.departed: set[bytes] = set()  # peers known dead: connection closed, or replaced
+        self.lost: dict[bytes, ActorState] = {}  # taken for dead, maybe only slow: see _beat
         self.on_eval = None  # run.eval_on actors: takes each EvalResult (learner/actor_eval.py)
 
     # -- messages ---------------------------------------------------------------------------
@@ -125,7 +126,13 @@ class Coordinator:
             # would put a dead peer into the next weight group and count its loss twice
             self.stats["faults/late_heartbeats"] += 1
         else:  # taken for dead while it was only slow (e.g. stuck in a failed sync)
-            self.actors[peer] = ActorState(msg.actor_id, peer, "?", 0, now)
+            actor = self.lost.pop(peer, None) or ActorState(msg.actor_id, peer, "?", 0, now)
+            actor.last_seen, actor.inflight = now, {}  # its prompts were handed out again
+            if peer not in self.members:  # a group was formed without it: a newcomer
+                actor.rank = 0
+            # else it is still in the weight group it never left, with its rank: without it,
+            # work would go to no one while the unchanged group formed no new epoch
+            self.actors[peer] = actor
             log.warning("actor %d is alive after all: it rejoins", msg.actor_id)
 
     def _ingest(self, peer: bytes, group: Group, now: float) -> None:
@@ -153,8 +160,11 @@ class Coordinator:
         `departed` one (connection closed, or replaced by a restart) cannot come back."""
         if departed:
             self.departed.add(actor.peer)
+            self.lost.pop(actor.peer, None)
         if self.actors.pop(actor.peer, None) is None:
             return
+        if not departed:
+            self.lost[actor.peer] = actor
         pending = [p for p in actor.inflight.values() if p.group_id not in self.seen_groups]
         self.admission.reissue.extend(pending)
         self.stats["faults/actors_lost"] += 1

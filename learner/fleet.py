@@ -40,15 +40,17 @@ class Fleet:
         self.waits: list[float] = []  # learner waits of the syncs since the last step logged
         self.sent = (0, 0)  # the last sync's buckets and bytes (weight_sync.bucket_mb)
         self.no_actors_since: float | None = None
+        self.roster_written: dict | None = None  # the actors processes.json lists
 
     def write_processes(self) -> None:
         """processes.json: every role's pid, host and endpoints; rewritten when actors change."""
         net = self.cfg.net
+        self.roster_written = self.coord.roster()
         write_json_atomic(self.run_dir / "processes.json", {
             "learner": {"pid": os.getpid(), "host": socket.gethostname(),
                         "zmq": self.endpoint.address,
                         "weights": f"{net.learner_host}:{net.weights_port}"},
-            "actors": self.coord.roster()})
+            "actors": self.roster_written})
 
     def publish(self, version: int) -> float:
         """Send weights `version` to the actors (a new weight group first when the live actors
@@ -101,8 +103,8 @@ class Fleet:
         changed group now. Stops the run when no actor has been alive for
         `weight_sync.timeout_s`."""
         c, coord = self.cfg, self.coord
-        lost = coord.reap(c.actors.heartbeat_timeout_s)  # reads what is waiting first
-        if lost:
+        coord.reap(c.actors.heartbeat_timeout_s)  # reads what is waiting first
+        if coord.roster() != self.roster_written:  # lost, or back from the dead
             self.write_processes()
         if self.actor_evals:  # an evaluation whose share was on a lost actor is abandoned
             self.actor_evals.check_actors(coord.actors)

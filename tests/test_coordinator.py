@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import time
 
 import pytest
@@ -168,6 +169,66 @@ def test_a_heartbeat_from_an_actor_taken_for_dead_brings_it_back(learner):
     assert [a.actor_id for a in coord.actors.values()] == [0]
     assert coord.membership_changed
     slow.close()
+
+
+def test_a_member_taken_for_dead_that_beats_again_is_a_member_still_and_gets_work(learner):
+    """A weight group member lost to silence (only slow: a vLLM actor's first steps beside a busy
+    machine) and heard from before any sync: it never left the group, which stays as it was, and
+    work goes to it. Back as a newcomer of rank 0 in the unchanged group, it got no work and no
+    new group was formed: a sync-mode run waited for its next step until it timed out."""
+    coord = make_coordinator(learner)
+    slow = join(coord, 0, 100)
+    assert coord.sync_weights(0, new_epoch=True)
+    assert coord.admit(0) == 4
+    coord.reap(timeout_s=0.0)  # silent since it joined
+    assert coord.actors == {} and coord.stats["faults/actors_lost"] == 1
+    recv_all(slow, Work)
+    slow.send(Heartbeat(protocol_version=V, policy_version=0, actor_id=0, busy=False))
+    assert coord.poll(5.0)
+    assert not coord.membership_changed
+    assert coord.roster()["0"]["pid"] == 100 and coord.roster()["0"]["weight_rank"] == 1
+    assert coord.admit(0) == 4  # the lost prompts, handed out again
+    assert [p.group_id for w in recv_all(slow, Work) for p in w.prompts] == ["g0", "g1", "g2", "g3"]
+    slow.close()
+
+
+def test_processes_json_lists_the_actors_alive_as_they_are_lost_and_come_back(learner, tmp_path):
+    """tests/test_faults.py and a user's `kill` find an actor's pid there."""
+    from learner.fleet import Fleet
+    from protocol.config import load_config
+    from tests.conftest import TINY
+
+    coord = make_coordinator(learner)
+    fleet = Fleet(load_config(TINY), coord, learner, None, None, tmp_path, 0)
+    slow = join(coord, 0, 100)
+    assert coord.sync_weights(0, new_epoch=True)
+    fleet.write_processes()  # as a new weight group does
+
+    def listed():
+        fleet.keep()
+        return {a: (v["pid"], v["weight_rank"]) for a, v in
+                json.loads((tmp_path / "processes.json").read_text())["actors"].items()}
+
+    assert listed() == {"0": (100, 1)}
+    coord.actors[b"actor-0-100"].last_seen -= 1000  # silent past actors.heartbeat_timeout_s
+    assert listed() == {}
+    slow.send(Heartbeat(protocol_version=V, policy_version=0, actor_id=0, busy=False))
+    time.sleep(0.2)
+    assert listed() == {"0": (100, 1)}
+    slow.close()
+
+
+def test_a_member_lost_while_a_group_formed_without_it_comes_back_as_a_newcomer(learner):
+    coord = make_coordinator(learner)
+    a0, a1 = join(coord, 0, 100), join(coord, 1, 101)
+    assert coord.sync_weights(0, new_epoch=True)
+    coord.lose(coord.actors[b"actor-1-101"], "silent")
+    assert coord.sync_weights(1, new_epoch=True)  # the group without actor 1
+    a1.send(Heartbeat(protocol_version=V, policy_version=1, actor_id=1, busy=False))
+    assert coord.poll(5.0)
+    assert coord.roster()["1"]["weight_rank"] == 0 and coord.membership_changed
+    a0.close()
+    a1.close()
 
 
 def test_a_sync_to_a_closed_actor_reports_it_unreached_and_loses_it(learner):
