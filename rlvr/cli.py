@@ -122,6 +122,9 @@ def parser() -> argparse.ArgumentParser:
     from rlvr.eval import add_cli as add_eval_cli
 
     add_eval_cli(sub)  # rlvr eval RUN_DIR|MODEL_DIR
+    from rlvr.export import add_cli as add_export_cli
+
+    add_export_cli(sub)  # rlvr export RUN_DIR OUT [--merge]
     add_sweep_cli(sub)  # rlvr sweep CONFIG key=v1,v2 ... [--slurm ...] | --status
     return ap
 

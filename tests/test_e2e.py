@@ -154,10 +154,22 @@ def test_a_run_keeps_its_folder_checkpoints_wandb_progress_syncs_and_verdicts_as
     for r in syncs:
         assert r["sync/bytes"] == model_bytes
         assert r["sync/buckets"] >= math.ceil(model_bytes / (1 << 20))
+    # the actor reports each sync's seconds before it samples under it: in the next step's row
+    assert all(r["sync/s"] > 0 for r in read_rows(run) if r["step"] >= 1)
     # the actor's first verdict took a minute: cut after 1 s (the default is 5), counted, and
     # the run went on
     assert "timed out after 1.0 s" in (run / "logs" / "actor-0.log").read_text()
     assert read_rows(run)[1]["reward/errors"] >= 1
+    # `rlvr export`: the newest checkpoint's model, as a folder of its own
+    exported = tmp_path / "exported"
+    assert run_rlvr("export", str(run), str(exported)).returncode == 0
+    assert (exported / "model.safetensors").read_bytes() == \
+        (checkpoints[0] / "hf" / "model.safetensors").read_bytes()
+    assert (exported / "tokenizer.json").exists()
+    again = run_rlvr("export", str(run), str(exported))
+    assert again.returncode == 2 and "exists" in again.stderr
+    merge = run_rlvr("export", str(run), str(tmp_path / "merged"), "--merge")
+    assert merge.returncode == 2 and "no adapter to merge" in merge.stderr
 
 
 def test_resume_continues_step_numbers_without_gaps_or_repeats(tmp_path, tiny_model):

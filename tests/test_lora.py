@@ -197,6 +197,18 @@ def test_a_lora_sync_run_samples_the_policy_it_trains_and_resumes(tmp_path, tiny
     first = next(i for i, r in enumerate(rows) if r["groups/frac_zero_adv_final"] < 1)
     assert first < 4, f"the adapter trained at no step before the resume: nothing to check {kl}"
     assert all(k == 0 for k in kl[:first + 1]) and all(k > 0 for k in kl[first + 1:]), kl
+    # exported as a PEFT adapter on its base, and merged: both are the policy the run trained
+    for how in ([], ["--merge"]):
+        done = run_rlvr("export", str(run), str(tmp_path / f"export{how}"), *how)
+        assert done.returncode == 0, done.stderr[-3000:]
+    from peft import PeftModel
+
+    adapted = PeftModel.from_pretrained(plain_model(str(tiny_model)), tmp_path / "export[]")
+    merged = plain_model(str(tmp_path / "export['--merge']"))
+    trained = logprobs(plain_model(str(run / "checkpoints" / "step_000006" / "hf")))
+    assert not torch.allclose(logprobs(plain_model(str(tiny_model))), trained, atol=1e-4)
+    for model in (adapted, merged):
+        torch.testing.assert_close(logprobs(model), trained, atol=1e-5, rtol=0)
 
 
 def train_rows(run) -> list[dict]:
