@@ -94,6 +94,7 @@ class WeightMembership:
         self.group: WeightGroup | None = None
         self.epoch: int | None = None
         self.version: int | None = None  # policy version of the weights; None = unusable
+        self.last_sync_s = 0.0  # the last sync's receive and commit (Heartbeat.sync_s)
 
     def _blocking(self, call: Callable[[], object]):
         return while_beating(call, self.beat, self.cfg.actors.heartbeat_s)
@@ -122,8 +123,10 @@ class WeightMembership:
             t1 = time.perf_counter()
             self.engine.commit_weights()
             self.version = msg.policy_version
+            self.last_sync_s = time.perf_counter() - t0
             log.info("weights v%d live: receive %.3f s, commit %.3f s", msg.policy_version,
                      t1 - t0, time.perf_counter() - t1)  # read by `rlvr bench realshape`
+            self.beat()  # the learner hears of the sync's seconds now (sync/s)
             return True
         except WeightSyncError as e:
             log.warning("weight sync of version %d (epoch %d) failed: %s", msg.policy_version,
@@ -183,7 +186,8 @@ class Actor:
                                     policy_version=self.version, **kw))
 
     def beat(self) -> None:
-        self.send(Heartbeat, actor_id=self.actor_id, busy=self.rollouts.busy)
+        self.send(Heartbeat, actor_id=self.actor_id, busy=self.rollouts.busy,
+                  sync_s=self.weights.last_sync_s)
 
     def run(self) -> int:
         """Serve the learner until it says Shutdown; returns the exit code."""

@@ -80,6 +80,8 @@ class Coordinator:
         self.departed: set[bytes] = set()  # peers known dead: connection closed, or replaced
         self.lost: dict[bytes, ActorState] = {}  # taken for dead, maybe only slow: see _beat
         self.on_eval = None  # run.eval_on actors: takes each EvalResult (learner/actor_eval.py)
+        self.sync_seconds: list[float] = []  # Heartbeat.sync_s of each sync, as reported
+        self._sync_reported: dict[bytes, int] = {}  # peer -> the version of its last one
 
     # -- messages ---------------------------------------------------------------------------
     def poll(self, timeout_s: float) -> bool:
@@ -121,6 +123,10 @@ class Coordinator:
     def _beat(self, peer: bytes, msg: Heartbeat, now: float) -> None:
         if peer in self.actors:
             self.actors[peer].last_seen = now
+            # every heartbeat repeats it: one value per actor and version
+            if msg.sync_s > 0 and self._sync_reported.get(peer) != msg.policy_version:
+                self._sync_reported[peer] = msg.policy_version
+                self.sync_seconds.append(msg.sync_s)
         elif peer in self.departed or any(a.actor_id == msg.actor_id for a in self.actors.values()):
             # queued before its process died or was replaced, read only now: a comeback here
             # would put a dead peer into the next weight group and count its loss twice

@@ -120,11 +120,17 @@ class Fleet:
             self.publish(reform_at)
 
     def sync_metrics(self) -> dict:
-        """The learner's wait in the broadcasts since the last call (one per sync)."""
-        if not self.waits:
-            return {}
-        waits, self.waits = self.waits, []
-        return {"sync/learner_wait_s": sum(waits) / len(waits), "sync/count": len(waits)}
+        """The learner's wait in the broadcasts since the last call (one per sync), and the
+        actors' seconds from joining a broadcast to decoding with its weights, as they reported
+        them since (a heartbeat after each sync: often the next step's row)."""
+        coord, out = self.coord, {}
+        if coord.sync_seconds:
+            reported, coord.sync_seconds = coord.sync_seconds, []
+            out["sync/s"] = sum(reported) / len(reported)
+        if self.waits:
+            waits, self.waits = self.waits, []
+            out.update({"sync/learner_wait_s": sum(waits) / len(waits), "sync/count": len(waits)})
+        return out
 
     def metrics(self) -> dict:
         """Cumulative counts: messages the endpoint rejected (by codec reason) and faults."""

@@ -174,6 +174,9 @@ class Heartbeat(_Message, tag="heartbeat"):
 
     actor_id: int
     busy: bool
+    sync_s: float = 0.0
+    """Its last weight sync's seconds from joining the broadcast to decoding with the weights
+    (receive and commit; `policy_version` is that sync's); 0 before the first."""
 
 
 class SyncWeights(_Message, tag="sync_weights"):

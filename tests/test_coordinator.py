@@ -231,6 +231,17 @@ def test_a_member_lost_while_a_group_formed_without_it_comes_back_as_a_newcomer(
     a1.close()
 
 
+def test_each_sync_an_actor_reports_is_counted_once_however_many_heartbeats_repeat_it(learner):
+    coord = make_coordinator(learner)
+    actor = join(coord, 0, 100)
+    for version, sync_s in ((-1, 0.0), (0, 0.25), (0, 0.25), (0, 0.25), (1, 0.5), (1, 0.5)):
+        actor.send(Heartbeat(protocol_version=V, policy_version=version, actor_id=0, busy=False,
+                             sync_s=sync_s))
+        assert coord.poll(5.0)
+    assert coord.sync_seconds == [0.25, 0.5]
+    actor.close()
+
+
 def test_a_sync_to_a_closed_actor_reports_it_unreached_and_loses_it(learner):
     coord = make_coordinator(learner)
     a0, a1 = join(coord, 0, 100), join(coord, 1, 101)
