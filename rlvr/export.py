@@ -55,7 +55,12 @@ def _write_peft_adapter(adapter: Path, lora, out: Path) -> None:
     """A checkpoint's adapter/ as PEFT's own adapter folder."""
     from peft import LoraConfig as PeftLoraConfig
 
-    base = json.loads((adapter / "base.json").read_text())["path"]
+    try:
+        base = json.loads((adapter / "base.json").read_text())["path"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ExportError(f"{adapter / 'base.json'}: not a LoRA checkpoint's adapter ({e!r})")
+    if not (adapter / "adapter.safetensors").exists():
+        raise ExportError(f"{adapter}: no adapter.safetensors")
     targets = lora.target_modules
     out.mkdir(parents=True)
     PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,

@@ -13,6 +13,8 @@ section measures one thing on the GPU and records numbers, not pass/fail, in one
                    (only where vLLM is installed)
 Each section runs in its own process with its own time budget, so a crash, an OOM or a hang in
 one leaves the others' results; partial results of a section that runs out of time are kept.
+Written to --out: gpu_check.json (everything) and gpu_check.md (a row per section: its status,
+seconds and the numbers it measured), which is also printed.
 
     python scripts/gpu_check.py --out gpu_check_out            # all sections (scripts/gpu_check.sh)
     python scripts/gpu_check.py --out /tmp/x --dry-run          # same code on CPU, tiny sizes
@@ -111,10 +113,35 @@ def main() -> int:
     except KeyboardInterrupt:
         report["interrupted"] = True
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
-    print(json.dumps(report, indent=1, default=str))
+    table = markdown_table(report)
+    (out / "gpu_check.md").write_text(table)
+    print(table, end="")
     sections = report["sections"].values()
     ok = all(s["status"] in ("ok", "skipped") for s in sections) and "interrupted" not in report
     return 0 if ok else 1
+
+
+def markdown_table(report: dict) -> str:
+    """gpu_check.md: a row per section, its status and seconds, and every number it measured
+    (nested ones by their dotted path); the JSON beside it has the rest (logs, tracebacks)."""
+    def numbers(value, path: str):
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                yield from numbers(inner, f"{path}.{key}" if path else key)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield f"{path} {value:g}"
+
+    env = report["environment"]
+    lines = [f"GPU check{' (dry run, CPU)' if report['dry_run'] else ''}: gpu {env.get('gpu')}, "
+             f"torch {env.get('torch')}, cuda {env.get('cuda')}", "",
+             "| section | status | s | measured |", "|---|---|---|---|"]
+    for name, res in report["sections"].items():
+        measured = {k: v for k, v in res.items()  # a whole metrics row is the JSON's
+                    if k not in ("budget_s", "seconds", "wall_s", "last_metrics")}
+        why = res.get("error") or res.get("skipped") or res.get("reason") or ""
+        cells = "; ".join(numbers(measured, "")) or why
+        lines.append(f"| {name} | {res['status']} | {res.get('wall_s', '')} | {cells} |")
+    return "\n".join(lines) + "\n"
 
 
 def run_sections(args, report: dict, out: Path, workdir: Path, deadline: float) -> None:

@@ -56,7 +56,13 @@ def serve(path: str) -> None:
     while True:
         if select.select([listener], [], [], 0.05)[0]:
             conn, _ = listener.accept()
-            request, fds, _, _ = socket.recv_fds(conn, 1 << 20, 4)
+            try:
+                message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 4)
+                request = json.loads(message)
+            except (OSError, ValueError) as e:  # a launcher gone before it asked: serve on
+                print(f"forkserver: a request could not be read: {e}", file=sys.stderr)
+                conn.close()
+                continue
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()
@@ -65,10 +71,13 @@ def serve(path: str) -> None:
                 for other in waiting.values():
                     other.close()
                 conn.close()
-                _run_child(json.loads(request), fds, base_path)  # does not return
+                _run_child(request, fds, base_path)  # does not return
             for fd in fds:
                 os.close(fd)
-            conn.send(json.dumps({"pid": pid}).encode())
+            try:
+                conn.send(json.dumps({"pid": pid}).encode())
+            except OSError:
+                pass  # the launcher is gone: the child runs on, reaped below, as an orphan would
             waiting[pid] = conn
         while waiting:
             pid, status = os.waitpid(-1, os.WNOHANG)

@@ -26,6 +26,13 @@ def test_the_gpu_checks_dry_run_runs_every_section_and_records_what_it_measures(
         {name: s.get("error") or s.get("skipped") or s.get("log_tail") for name, s in
          sections.items() if s["status"] != "ok"}
     assert done.returncode == 0, done.stderr[-3000:]
+    # the table printed and written: a row per section with what it measured
+    table = (tmp_path / "gpu_check.md").read_text()
+    assert table in done.stdout
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines()
+            if line.startswith("| ") and "---" not in line}
+    assert set(rows) == SECTIONS | {"section"}
+    assert "tokens_per_s" in rows["learner_step"] and "metric_lines 4" in rows["async_train"]
     assert sections["learner_step"]["tokens_per_s"] > 0
     assert sections["weight_handover"]["received_equal"] is True  # the bytes sent arrived
     assert sections["weight_handover"]["d2d_copy_per_tensor"]["gb_per_s"] > 0

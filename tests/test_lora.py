@@ -209,6 +209,12 @@ def test_a_lora_sync_run_samples_the_policy_it_trains_and_resumes(tmp_path, tiny
     assert not torch.allclose(logprobs(plain_model(str(tiny_model))), trained, atol=1e-4)
     for model in (adapted, merged):
         torch.testing.assert_close(logprobs(model), trained, atol=1e-5, rtol=0)
+    broken = tmp_path / "broken"  # a checkpoint whose adapter lost its base.json
+    shutil.copytree(run, broken)
+    (broken / "checkpoints" / "step_000006" / "adapter" / "base.json").unlink()
+    done = run_rlvr("export", str(broken), str(tmp_path / "from-broken"))
+    assert done.returncode == 2 and "base.json" in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "from-broken").exists()
 
 
 def train_rows(run) -> list[dict]:
