@@ -27,6 +27,10 @@ SLURM_LANE = {"test_slurm_cluster.py", "test_sweep_slurm.py"}
 # the sandbox tests check machine-wide that no sandbox process outlives its run; the code task's
 # training run starts sandboxes all the time
 SANDBOX_LANE = {"test_sandbox.py", "test_sandbox_limits.py", "test_code_e2e.py"}
+# The lanes that take longest start first, in this order, so that the suite ends on short files
+# on both workers: xdist orders lanes by their number of tests, and test_gpu_check.py, one test
+# of three to four minutes, ran last on one worker while the other had nothing left.
+LONGEST_FIRST = ("busy", "test_gpu_check.py", "sandbox", "test_every_key.py")
 
 
 def lane(nodeid: str) -> str:
@@ -52,5 +56,11 @@ def make_scheduler(config, log):
     class LaneScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return lane(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            for first in reversed(LONGEST_FIRST):  # to the front of what is left
+                for scope in [s for s in self.workqueue if s.rsplit("/", 1)[-1] == first]:
+                    self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
 
     return LaneScheduling(config, log)

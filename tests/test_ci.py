@@ -24,7 +24,8 @@ def test_elsewhere_it_skips_with_its_reason(monkeypatch):
 
 LANE_FILES = {"test_e2e.py": "busy", "test_bench.py": "busy", "test_slurm_cluster.py": "slurm",
               "test_sweep_slurm.py": "slurm", "test_sandbox.py": "sandbox",
-              "test_code_e2e.py": "sandbox", "test_codec.py": None, "test_plan.py": None}
+              "test_code_e2e.py": "sandbox", "test_codec.py": None, "test_plan.py": None,
+              "test_gpu_check.py": None}
 
 
 def test_make_test_runs_each_lane_whole_on_one_worker(tmp_path):
@@ -57,3 +58,8 @@ def test_make_test_runs_each_lane_whole_on_one_worker(tmp_path):
         assert len(workers) == 1, (lane, ran)
     for name in LANE_FILES:  # a file is never split either
         assert len({w for w, n in ran if n == name}) == 1, (name, ran)
+    # the longest lanes first (tests/lanes.py LONGEST_FIRST): the busy lane on one worker, the
+    # GPU check's dry run on the other (by their number of tests, they would start last)
+    firsts = {w: next(n for v, n in ran if v == w) for w, _ in ran}  # each worker's first file
+    assert sorted(LANE_FILES[n] or n for n in firsts.values()) == ["busy", "test_gpu_check.py"], \
+        firsts
