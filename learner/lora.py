@@ -29,12 +29,19 @@ from protocol.config.model import LoraConfig
 
 def with_adapter(model, lora: LoraConfig):
     """`model` (an HF causal LM) wrapped in a fresh LoRA adapter; its base weights frozen."""
-    from peft import LoraConfig as PeftLoraConfig, get_peft_model
+    from peft import get_peft_model
+
+    return get_peft_model(model, peft_config(lora))
+
+
+def peft_config(lora: LoraConfig, **extra):
+    """`model.lora` as PEFT's LoraConfig (`extra`: its other fields, e.g. the base's path)."""
+    from peft import LoraConfig as PeftLoraConfig
 
     targets = lora.target_modules
-    return get_peft_model(model, PeftLoraConfig(
-        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-        target_modules=targets[0] if targets == ("all-linear",) else list(targets)))
+    return PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                          target_modules=targets[0] if targets == ("all-linear",)
+                          else list(targets), **extra)
 
 
 def is_adapted(module) -> bool:

@@ -28,7 +28,6 @@ class ExportError(Exception):
 def export(run: str | Path, out: str | Path, merge: bool = False, step: int | None = None
            ) -> Path:
     """Write RUN's policy to OUT (see the module's docstring); returns OUT."""
-    from protocol.config import load_config
     from rlvr.eval import EvalError, resolve_target
 
     run, out = Path(run), Path(out)
@@ -37,10 +36,10 @@ def export(run: str | Path, out: str | Path, merge: bool = False, step: int | No
     if out.exists():
         raise ExportError(f"{out} exists: export writes a new folder")
     try:
-        model_dir, _, _, _ = resolve_target(run, None, [], step)
+        model_dir, cfg, _, _ = resolve_target(run, None, [], step)
     except EvalError as e:
         raise ExportError(str(e)) from e
-    lora = load_config(run / "config.yaml", run_folder=True).model.lora
+    lora = cfg.model.lora
     if merge and not lora.rank:
         raise ExportError(f"--merge: {run} trained every weight (model.lora.rank 0), there is no "
                           "adapter to merge: drop --merge")
@@ -53,7 +52,7 @@ def export(run: str | Path, out: str | Path, merge: bool = False, step: int | No
 
 def _write_peft_adapter(adapter: Path, lora, out: Path) -> None:
     """A checkpoint's adapter/ as PEFT's own adapter folder."""
-    from peft import LoraConfig as PeftLoraConfig
+    from learner.lora import peft_config
 
     try:
         base = json.loads((adapter / "base.json").read_text())["path"]
@@ -61,11 +60,8 @@ def _write_peft_adapter(adapter: Path, lora, out: Path) -> None:
         raise ExportError(f"{adapter / 'base.json'}: not a LoRA checkpoint's adapter ({e!r})")
     if not (adapter / "adapter.safetensors").exists():
         raise ExportError(f"{adapter}: no adapter.safetensors")
-    targets = lora.target_modules
     out.mkdir(parents=True)
-    PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                   target_modules=targets[0] if targets == ("all-linear",) else list(targets),
-                   base_model_name_or_path=base, task_type="CAUSAL_LM").save_pretrained(out)
+    peft_config(lora, base_model_name_or_path=base, task_type="CAUSAL_LM").save_pretrained(out)
     # get_peft_model_state_dict's keys (learner/lora.py) are PEFT's saved names already
     shutil.copyfile(adapter / "adapter.safetensors", out / "adapter_model.safetensors")
 
