@@ -184,22 +184,11 @@ def launch(cfg: Config, run_dir: Path, resume: bool = False) -> int:
                 learner.terminate()
                 learner.wait(30)
                 break
-            for i, actor in enumerate(actors):
-                code = actor.poll()
-                if code in (None, 0):  # 0: told to shut down, the learner is finishing
-                    continue
-                log_hint = f"see {run_dir}/logs/actor-{i}.log"
-                if restarts >= cfg.actors.max_restarts:
-                    print(f"actor {i} exited with code {code} ({log_hint}); "
-                          f"{restarts} restarts used of actors.max_restarts={cfg.actors.max_restarts}: "
-                          "stopping the run", file=sys.stderr)
-                    learner.send_signal(signal.SIGTERM)
-                    learner.wait(30)
-                    break
-                restarts += 1
-                print(f"actor {i} exited with code {code} ({log_hint}); restarting it "
-                      f"({restarts}/{cfg.actors.max_restarts})", file=sys.stderr, flush=True)
-                actors[i] = start_actor(i)
+            restarts = _restart_crashed(actors, start_actor, restarts, cfg, run_dir)
+            if restarts is None:  # out of restarts: the run stops
+                learner.send_signal(signal.SIGTERM)
+                learner.wait(30)
+                break
             try:
                 learner.wait(0.5)  # returns the moment the learner exits
             except subprocess.TimeoutExpired:
@@ -218,6 +207,27 @@ def launch(cfg: Config, run_dir: Path, resume: bool = False) -> int:
     if code not in (0, REQUEUE_EXIT_CODE):
         _show_tail(run_dir / "logs" / "learner.log", f"the learner exited with code {code}")
     return code
+
+
+def _restart_crashed(actors: list, start_actor, restarts: int, cfg: Config, run_dir: Path
+                     ) -> int | None:
+    """Start every actor that crashed again (in place in `actors`); the restarts used so far,
+    or None once one more would pass `actors.max_restarts`."""
+    for i, actor in enumerate(actors):
+        code = actor.poll()
+        if code in (None, 0):  # 0: told to shut down, the learner is finishing
+            continue
+        log_hint = f"see {run_dir}/logs/actor-{i}.log"
+        if restarts >= cfg.actors.max_restarts:
+            print(f"actor {i} exited with code {code} ({log_hint}); "
+                  f"{restarts} restarts used of actors.max_restarts={cfg.actors.max_restarts}: "
+                  "stopping the run", file=sys.stderr)
+            return None
+        restarts += 1
+        print(f"actor {i} exited with code {code} ({log_hint}); restarting it "
+              f"({restarts}/{cfg.actors.max_restarts})", file=sys.stderr, flush=True)
+        actors[i] = start_actor(i)
+    return restarts
 
 
 def _show_tail(log: Path, why: str, lines: int = 40) -> None:

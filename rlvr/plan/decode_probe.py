@@ -31,7 +31,7 @@ a prompt, 2 ms; 512 rows of 300 columns, 16 s), and least squares on seconds fit
 few and misses the middle by 30-60%, where a run's re-prefills of 150-250 rows lie
 (tests/data/longtail_prefills.json, tests/test_plan.py).
 
-The simulator's `DecodeCost` takes them (rlvr/plan/stream_actor.py); `rlvr plan` adds the actor
+The simulator's `DecodeCost` takes them (rlvr/plan/sim_actor.py); `rlvr plan` adds the actor
 loop's own time per step (messages, the verifier), calibrated on the measured run. Whatever else
 runs on the machine at that moment is in the numbers.
 """
@@ -98,6 +98,44 @@ def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
     "engine", "kv_slots", "decode_points", "prefill_points", "prefill_steps"} for the run's
     engine (seconds; points as [rows, columns, seconds]: the columns a decode step attends over,
     rows x context; a prefill's width; the engine steps each prefill took)."""
+    cfg, engine, prompts = _open_engine(run_dir)
+    r = cfg.rollout
+    top = cfg.actors.max_batch
+    sizes = [n for n in ROWS if n < top] + [min(top, ROWS[-1])]
+    # prompts lengthened by a quarter of an answer and by nearly a whole one, then a few decode
+    # steps: a re-prefill's widths, and rows far into their answers from the first step (rows
+    # started together reach long contexts only once most have ended: the context's cost per
+    # row would be fitted on a few rows alone)
+    tail = min(8, r.max_new_tokens)
+    extra = sorted({max(1, r.max_new_tokens // 4), max(1, r.max_new_tokens - tail)})
+    decode, prefill, prefill_steps, rid = [], [], [], 0
+    hf = cfg.actors.engine == "hf"  # rows padded to the longest, in KV slots; vLLM packs them
+
+    def batch(rows: int, lengthen: int, new_tokens: int) -> tuple[float, float, int, list]:
+        nonlocal rid
+        rid += rows
+        return _timed_batch(engine, prompts, rid - rows, rows, lengthen, new_tokens,
+                            r.temperature, hf)
+
+    try:
+        batch(1, 0, r.max_new_tokens)  # warms the engine up, not kept
+        for rows in sizes:
+            for _ in range(repeats):
+                for lengthen, new_tokens in [(0, r.max_new_tokens)] + [(e, tail) for e in extra]:
+                    padded, started, took_steps, steps = batch(rows, lengthen, new_tokens)
+                    prefill.append((rows, padded, started))
+                    prefill_steps.append(took_steps)
+                    decode += steps
+        # prompt tokens vLLM took from its prefix cache (rows of one batch sharing a prompt
+        # or its template's first blocks): prefills timed cheaper than from nothing
+        cached = getattr(engine, "prompt_tokens_cached", 0)
+    finally:
+        engine.close()
+    return _fitted(run_dir, cfg, prompts, decode, prefill, prefill_steps, cached)
+
+
+def _open_engine(run_dir: str | Path) -> tuple:
+    """The run's config, its actor's engine and its held-out prompts' token ids."""
     import torch
     from tasks.tiny_model import load_tokenizer
 
@@ -115,79 +153,61 @@ def measure_decode_cost(run_dir: str | Path, repeats: int = 2) -> dict:
                for p in held_out(cfg)]
     if not prompts:
         raise ValueError(f"{run_dir}: the run's task has no held-out prompts to probe with")
-    r = cfg.rollout
-    top = cfg.actors.max_batch
-    sizes = [n for n in ROWS if n < top] + [min(top, ROWS[-1])]
-    # prompts lengthened by a quarter of an answer and by nearly a whole one, then a few decode
-    # steps: a re-prefill's widths, and rows far into their answers from the first step (rows
-    # started together reach long contexts only once most have ended: the context's cost per
-    # row would be fitted on a few rows alone)
-    tail = min(8, r.max_new_tokens)
-    extra = sorted({max(1, r.max_new_tokens // 4), max(1, r.max_new_tokens - tail)})
-    decode, prefill, prefill_steps, rid = [], [], [], 0
+    return cfg, engine, prompts
 
-    # vLLM keeps the prompt blocks of earlier batches: the same prompts would be prefilled from
-    # its cache (the HF engine has none)
-    forget_prefixes = getattr(engine, "drop_prefix_cache", lambda: None)
-    hf = cfg.actors.engine == "hf"  # rows padded to the longest, in KV slots; vLLM packs them
 
-    def batch(rows: int, lengthen: int, new_tokens: int) -> tuple[float, float, int, list]:
-        nonlocal rid
-        chosen = [prompts[(rid + i) % len(prompts)] for i in range(rows)]
-        # each row a partial answer of its own, as in a run: rows sharing a prompt share no KV
-        # block past it (vLLM would read the later rows' from its prefix cache)
-        chosen = [p + random.Random(rid + i).choices(p, k=lengthen) for i, p in enumerate(chosen)]
-        forget_prefixes()
-        for p in chosen:
-            engine.add(rid, p, new_tokens, r.temperature, 1.0)
-            rid += 1
-        width = sum(map(len, chosen)) / rows  # mean context of a row
-        padded = max(map(len, chosen)) if hf else width  # what the prefill computed per row
-        # the prefill lasts until every row has its first token: vLLM prefills a budget of
-        # tokens a step (max_num_batched_tokens, chunked), the HF engine all rows in one
-        t0, ended, prefill_steps = time.perf_counter(), 0, 0
-        while len(engine.running()) + ended < rows and engine.unfinished():
-            ended += len(engine.step())
-            prefill_steps += 1
-        started = time.perf_counter() - t0
-        steps, k = [], 0
-        while engine.running():
-            n, k = len(engine.running()), k + 1
-            t0 = time.perf_counter()
-            engine.step()
-            took = time.perf_counter() - t0
-            # what the step computed, where the engine says (the HF engine's free slots are
-            # computed too, as it keeps them): else every row over its prompt and k tokens
-            shape = getattr(engine, "last_decode_shape", None)
-            steps.append((*(shape or (n, n * (width + k))), took))
-        return padded, started, prefill_steps, steps
-
-    try:
-        batch(1, 0, r.max_new_tokens)  # warms the engine up, not kept
-        for rows in sizes:
-            for _ in range(repeats):
-                for lengthen, new_tokens in [(0, r.max_new_tokens)] + [(e, tail) for e in extra]:
-                    padded, started, took_steps, steps = batch(rows, lengthen, new_tokens)
-                    prefill.append((rows, padded, started))
-                    prefill_steps.append(took_steps)
-                    decode += steps
-    finally:
-        engine.close()
+def _fitted(run_dir, cfg, prompts: list[list[int]], decode: list, prefill: list,
+            prefill_steps: list[int], prompt_tokens_cached: int) -> dict:
+    """The costs fitted on the timed decode steps and prefills, and the points themselves."""
     step_s, row_s, col_s = fit_nonnegative([[1.0, n, c] for n, c, _ in decode],
                                            [t for *_, t in decode])
     out = {"step_s": step_s, "row_s": row_s, "col_s": col_s, **fit_prefill(prefill),
            "prompt_tokens": float(np.mean([len(p) for p in prompts])),
            "prompt_width": float(max(len(p) for p in prompts)),
-           "max_batch": top, "engine": cfg.actors.engine,
-           "kv_slots": hf,
-           # prompt tokens vLLM took from its prefix cache (rows of one batch sharing a prompt
-           # or its template's first blocks): prefills timed cheaper than from nothing
-           "prompt_tokens_cached": getattr(engine, "prompt_tokens_cached", 0)}
+           "max_batch": cfg.actors.max_batch, "engine": cfg.actors.engine,
+           "kv_slots": cfg.actors.engine == "hf", "prompt_tokens_cached": prompt_tokens_cached}
     if not all(math.isfinite(out[k]) for k in PROBE_KEYS):
         raise ValueError(f"{run_dir}: decode probe gave no finite fit")
     return out | {"decode_points": [[n, round(c, 1), round(t, 6)] for n, c, t in decode],
                   "prefill_points": [[n, round(w, 1), round(t, 6)] for n, w, t in prefill],
                   "prefill_steps": prefill_steps}
+
+
+def _timed_batch(engine, prompts: list[list[int]], first_id: int, rows: int, lengthen: int,
+                 new_tokens: int, temperature: float, hf: bool) -> tuple[float, float, int, list]:
+    """`rows` requests (ids from `first_id`) run to their end on `engine`: (the width the prefill
+    computed per row, its seconds, its engine steps, [(rows, columns, seconds)] per decode
+    step)."""
+    chosen = [prompts[(first_id + i) % len(prompts)] for i in range(rows)]
+    # each row a partial answer of its own, as in a run: rows sharing a prompt share no KV
+    # block past it (vLLM would read the later rows' from its prefix cache)
+    chosen = [p + random.Random(first_id + i).choices(p, k=lengthen)
+              for i, p in enumerate(chosen)]
+    # vLLM keeps the prompt blocks of earlier batches: the same prompts would be prefilled from
+    # its cache (the HF engine has none)
+    getattr(engine, "drop_prefix_cache", lambda: None)()
+    for i, p in enumerate(chosen):
+        engine.add(first_id + i, p, new_tokens, temperature, 1.0)
+    width = sum(map(len, chosen)) / rows  # mean context of a row
+    padded = max(map(len, chosen)) if hf else width  # what the prefill computed per row
+    # the prefill lasts until every row has its first token: vLLM prefills a budget of
+    # tokens a step (max_num_batched_tokens, chunked), the HF engine all rows in one
+    t0, ended, prefill_steps = time.perf_counter(), 0, 0
+    while len(engine.running()) + ended < rows and engine.unfinished():
+        ended += len(engine.step())
+        prefill_steps += 1
+    started = time.perf_counter() - t0
+    steps, k = [], 0
+    while engine.running():
+        n, k = len(engine.running()), k + 1
+        t0 = time.perf_counter()
+        engine.step()
+        took = time.perf_counter() - t0
+        # what the step computed, where the engine says (the HF engine's free slots are
+        # computed too, as it keeps them): else every row over its prompt and k tokens
+        shape = getattr(engine, "last_decode_shape", None)
+        steps.append((*(shape or (n, n * (width + k))), took))
+    return padded, started, prefill_steps, steps
 
 
 if __name__ == "__main__":
