@@ -60,6 +60,10 @@ def generation_cost(groups: list[Group], dropped: list[Group] = ()) -> dict:
         "gen/prompt_lengths": [[[len(s.token_ids) for s in g.samples if s.stage == stage]
                                 for stage in sorted({s.stage for s in g.samples})]
                                for g in every],
+        # the same groups' verdicts in the same shape (1 = correct): where a stage stopped
+        "gen/prompt_correct": [[[int(bool(s.acc)) for s in g.samples if s.stage == stage]
+                                for stage in sorted({s.stage for s in g.samples})]
+                               for g in every],
         "gen/prompt_tokens": [len(g.prompt_token_ids) for g in every],  # the same groups'
     }
 

@@ -148,3 +148,5 @@ def test_each_groups_lengths_are_logged_by_stage_for_the_planner():
     m = group_metrics([short], [long_])
     assert m["gen/prompt_lengths"] == [[[3, 3, 3, 3]], [[200, 200, 200], [200]]]
     assert m["gen/prompt_tokens"] == [1, 1]  # their prompts, in the same order
+    # and their verdicts, where each stage stopped: the first sample of each group is correct
+    assert m["gen/prompt_correct"] == [[[1, 0, 0, 0]], [[1, 0, 0], [0]]]
