@@ -33,14 +33,17 @@ from tasks.verifier import Verifier
 
 
 class Rollouts:
-    def __init__(self, engine: Engine, tokenizer, verifier: Verifier,
-                 abort_on_first_correct: bool = False, every_verdict: bool = False):
+    def __init__(self, engine: Engine, tokenizer, verifier: Verifier | None,
+                 abort_on_first_correct: bool = False, every_verdict: bool = False,
+                 verify_queue: VerifyQueue | None = None):
+        """`verify_queue`: where finished responses are scored (default: a VerifyQueue over
+        `verifier`; the planner's simulated actor passes one that answers from its plan)."""
         self.engine, self.tokenizer = engine, tokenizer
         # run.deterministic: a step waits for every verdict outstanding, applied in request
         # order, so what the next decode step admits does not follow the verifier's timing
         self.every_verdict = every_verdict
         self.sched = RolloutScheduler(abort_on_first_correct)
-        self.verify = VerifyQueue(verifier)
+        self.verify = verify_queue if verify_queue is not None else VerifyQueue(verifier)
         self.held: list[SampleRequest] = []
         self.holding = False
         self.decode_steps = 0  # engine steps so far (the actor logs how long a sync waited)

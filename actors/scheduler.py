@@ -211,6 +211,10 @@ class RolloutScheduler:
     def open_prompts(self) -> int:
         return len({id(p) for p in self._owner.values()})
 
+    def stage(self, request_id: Hashable) -> int:
+        """The sampling stage of the prompt a request in flight belongs to."""
+        return self._owner[request_id].stage
+
     # -- stages -------------------------------------------------------------------------------
     def _start_stage(self, p: _Prompt, n: int) -> Actions:
         if n <= 0:

@@ -343,12 +343,12 @@ def test_a_prompt_is_drawn_whole_from_the_runs_groups_its_answers_long_or_short_
     # drawn one by one from the pooled lengths, a prompt would mix them and hold its short rows'
     # slots idle while its long one runs on
     rng = random.Random(0)
-    groups = [(6, [[rng.randint(3, 5) for _ in range(4)]]) if i % 2 else
+    groups = [(6, [[rng.randint(3, 5) for _ in range(4)]], [[1, 0, 0, 0]]) if i % 2 else
               (52, [[rng.randint(180, 220) for _ in range(4)],
-                    [rng.randint(180, 220) for _ in range(4)]])
+                    [rng.randint(180, 220) for _ in range(4)]], [[0, 0, 0, 0], [0, 0, 1, 0]])
               for i in range(100)]
     items = [synthetic_item(rng) for _ in range(20)]
-    pooled = sorted(n for _, g in groups for stage in g for n in stage)
+    pooled = sorted(n for _, g, _ in groups for stage in g for n in stage)
     deciles = [pooled[min(len(pooled) - 1, k * len(pooled) // 10)] for k in range(11)]
     model = fit_generation([ItemRecord(s, 8, tuple(tuple(x) for x in st)) for s, st in items],
                            [deciles], [5.0], groups)
@@ -359,3 +359,6 @@ def test_a_prompt_is_drawn_whole_from_the_runs_groups_its_answers_long_or_short_
         assert max(lengths) <= 5 or min(lengths) >= 180, plan
         assert (len(plan.stages) == 2) == (min(lengths) >= 180)  # the long ones went on
         assert plan.prompt == (52 if min(lengths) >= 180 else 6)  # with their own prompts
+        # and their verdicts: the simulated actor's scheduler stops a stage where the run's did
+        assert plan.correct == (((False, False, False, False), (False, False, True, False))
+                                if min(lengths) >= 180 else ((True, False, False, False),))

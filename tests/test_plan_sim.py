@@ -1,4 +1,4 @@
-"""The schedule simulator behind `rlvr plan` (rlvr/plan/sim.py, stream_actor.py): exact cases
+"""The schedule simulator behind `rlvr plan` (rlvr/plan/sim.py, sim_actor.py): exact cases
 and properties.
 
 Most cases cost a request per row only (DecodeCost(step_s=0, row_s=...)): then batching buys
@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from rlvr.plan.sim import (DecodeCost, LearnerCosts, Machine, PromptPlan, Split, Workload,
                            fixed_prompts, simulate)
-from rlvr.plan.stream_actor import StreamActor
+from protocol.messages import RolloutSpec
+from rlvr.plan.sim_actor import SimActor
 
 T_FIXED, T_UPDATE, BROADCAST = 0.03, 0.07, 0.004
 COSTS = LearnerCosts(fixed_s=T_FIXED, update_s=T_UPDATE, broadcast_s=BROADCAST)
@@ -213,12 +214,20 @@ splits = st.builds(Split, actors=st.integers(1, 5), learner_ranks=st.integers(1,
 workloads = st.builds(Workload, prompts_per_step=st.sampled_from([4, 8, 12, 32]),
                       prompts_per_work=st.sampled_from([1, 3, 4, 8]),
                       sync_every=st.just(1))
-costs = st.builds(LearnerCosts, fixed_s=st.floats(0, 0.05), update_s=st.floats(0, 0.2),
-                  broadcast_s=st.floats(0, 0.03))
-decodes = st.builds(DecodeCost, step_s=st.floats(0, 0.02), row_s=st.floats(0, 0.002),
-                    prefill_row_s=st.floats(0, 0.002), max_batch=st.sampled_from([4, 64, 512]),
-                    col_s=st.floats(0, 1e-5), prefill_col_s=st.floats(0, 1e-5),
-                    prefill_sq_s=st.floats(0, 1e-7), prefill_tokens_sq_s=st.floats(0, 1e-9),
+
+
+def seconds(high: float, low: float = 1e-12):
+    """A cost: none, or at least `low` (a cost of 1e-193 s underflows the simulator's squares,
+    and no machine has one)."""
+    return st.one_of(st.just(0.0), st.floats(low, high))
+
+
+costs = st.builds(LearnerCosts, fixed_s=seconds(0.05), update_s=seconds(0.2),
+                  broadcast_s=seconds(0.03))
+decodes = st.builds(DecodeCost, step_s=seconds(0.02), row_s=seconds(0.002),
+                    prefill_row_s=seconds(0.002), max_batch=st.sampled_from([4, 64, 512]),
+                    col_s=seconds(1e-5), prefill_col_s=seconds(1e-5),
+                    prefill_sq_s=seconds(1e-7), prefill_tokens_sq_s=seconds(1e-9, 1e-18),
                     prompt_width=st.floats(0, 60),
                     prompt_tokens=st.floats(0, 60), kv_slots=st.booleans())
 lengths = st.tuples(st.integers(1, 4), st.integers(4, 30))
@@ -300,14 +309,14 @@ LONG, SHORT = PromptPlan(((201,),)), PromptPlan(((11,),))
 COL, PROMPT = 1e-4, 10.0
 
 
-def run_to_end(actor: StreamActor) -> None:
+def run_to_end(actor: SimActor) -> None:
     while actor.computing:
         actor.advance(actor.seconds_to_next_event(1.0), 1.0)
 
 
 def busy_with_latecomer(cost: DecodeCost, latecomer: PromptPlan | None) -> float:
     """Busy seconds of one actor: a long answer alone, and `latecomer` joining halfway."""
-    actor = StreamActor(cost)
+    actor = SimActor(cost)
     actor.add([LONG])
     actor.advance(actor.seconds_to_next_event(1.0) / 2, 1.0)  # halfway (in time) into it
     assert 120 < actor.steps < 160  # context grows: half the time is past half the tokens
@@ -331,7 +340,7 @@ def test_a_row_joining_late_pays_its_own_context_or_the_engines_kv_slots(shared)
 
 
 def busy_through_a_sync(cost: DecodeCost, policy: str, plan: PromptPlan = LONG) -> float:
-    actor = StreamActor(cost)
+    actor = SimActor(cost)
     actor.add([plan])
     actor.advance(actor.seconds_to_next_event(1.0) / 2, 1.0)
     actor.sync(policy)
@@ -364,7 +373,7 @@ def test_a_sample_stopped_by_recompute_takes_one_decode_step_less_its_re_prefill
     # (actors/scheduler.py re-submits prompt + partial answer as a request)
     cost = DecodeCost(step_s=1.0)
     for stop_after in (1.0, 37.0, 150.0):  # decode steps done when the sync comes
-        actor = StreamActor(cost)
+        actor = SimActor(cost)
         actor.add([LONG])
         actor.advance(stop_after, 1.0)
         actor.sync("recompute")
@@ -376,7 +385,7 @@ def test_a_sample_stopped_by_recompute_takes_one_decode_step_less_its_re_prefill
 
 def test_a_sample_stopped_before_its_prefill_is_done_goes_back_whole():
     cost = DecodeCost(step_s=1.0, prefill_row_s=1.0)
-    actor = StreamActor(cost)
+    actor = SimActor(cost)
     actor.add([LONG])
     actor.advance(0.5, 1.0)  # half its prefill: no token sampled
     actor.sync("recompute")
@@ -394,7 +403,70 @@ def test_the_hf_engines_free_slot_is_computed_on_unless_it_is_the_last(short_fir
     # the engine gives it up at once (tasks/kv_slots.py drop)
     short, long_ = PromptPlan(((11,),)), PromptPlan(((101,),))
     plans = [short, long_, long_] if short_first else [long_, long_, short]
-    actor = StreamActor(DecodeCost(step_s=0.0, row_s=1e-3, kv_slots=True))
+    actor = SimActor(DecodeCost(step_s=0.0, row_s=1e-3, kv_slots=True))
     actor.add(plans)
     run_to_end(actor)
     assert actor.busy_s == pytest.approx(slot_steps * 1e-3)
+
+
+# -- the actor's own rollout code decides stages, aborts and restarts ----------------------------
+
+AR3PO = RolloutSpec(strategy="stop_on_correct", max_new_tokens=256, stage_sizes=[4, 4])
+
+
+def decode_steps(plan: PromptPlan, spec: RolloutSpec = AR3PO, abort_on_first_correct=False):
+    """Decode steps one actor takes to complete `plan`'s group (a decode step costs 1 s)."""
+    actor = SimActor(DecodeCost(step_s=1.0), spec, abort_on_first_correct)
+    groups = actor.add([plan])
+    while actor.computing:
+        groups += actor.advance(actor.seconds_to_next_event(1.0), 1.0)
+    assert len(groups) == 1 and actor.inflight == 0
+    return actor.steps
+
+
+def test_a_prompt_whose_stage_has_a_correct_answer_stops_there_as_the_scheduler_says():
+    stages = ((11, 11, 11, 11), (21, 21, 21, 21))
+    wrong = ((False,) * 4, (False,) * 4)
+    right = ((False, True, False, False), (False,) * 4)
+    assert decode_steps(PromptPlan(stages, correct=wrong)) == pytest.approx(10 + 20)
+    assert decode_steps(PromptPlan(stages, correct=right)) == pytest.approx(10)
+
+
+def test_siblings_of_a_first_correct_answer_are_aborted_once_two_samples_are_in():
+    # actors/scheduler.py keeps a baseline: the abort waits for min_group (2) finished samples
+    plan = PromptPlan(((6, 21, 51, 51),), correct=((True, False, False, False),))
+    one_stage = RolloutSpec(strategy="stop_on_correct", max_new_tokens=256, stage_sizes=[4])
+    assert decode_steps(plan, one_stage) == pytest.approx(50)
+    assert decode_steps(plan, one_stage, abort_on_first_correct=True) == pytest.approx(20)
+
+
+def test_a_sample_dropped_by_a_sync_is_asked_for_again_behind_the_requests_already_waiting():
+    # one row: A runs, B waits. An `abort` sync drops A; the scheduler asks for it again, held
+    # until the weights are in, then queued where the engine queues every request: behind B
+    actor = SimActor(DecodeCost(step_s=1.0, max_batch=1), abort_limit=None)
+    actor.add([PromptPlan(((31,),)), PromptPlan(((11,),))])
+    actor.advance(5.0, 1.0)
+    actor.sync("abort")
+    actor.release(1)
+    ended = []
+    while actor.computing:
+        ended += [(round(actor.steps), v) for v, _ in actor.advance(
+            actor.seconds_to_next_event(1.0), 1.0)]
+    # B's 10 decode steps after the 5 A had, then A's 30 again
+    assert ended == [(15, 1), (45, 1)]
+
+
+def test_aborting_siblings_does_not_refund_the_prefill_of_requests_started_beside_them():
+    # four rows: A's four samples run, B's wait. A's two short ones end at the first decode step,
+    # B's first two take their rows (prefilled), then A's verdict aborts its two long ones and
+    # B's last two take theirs: every prefill of B is paid, whatever was aborted around it
+    a = PromptPlan(((2, 2, 50, 50),), correct=((True, False, False, False),))
+    b = PromptPlan(((2, 2, 2, 2),), correct=((False,) * 4,))
+    one_stage = RolloutSpec(strategy="stop_on_correct", max_new_tokens=256, stage_sizes=[4])
+    actor = SimActor(DecodeCost(step_s=1.0, prefill_row_s=10.0, max_batch=4), one_stage,
+                     abort_on_first_correct=True)
+    groups = actor.add([a, b])
+    while actor.computing:
+        groups += actor.advance(actor.seconds_to_next_event(1.0), 1.0)
+    assert len(groups) == 2
+    assert actor.busy_s == pytest.approx(4 * 10 + 1 + 4 * 10 + 1)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from learner.data import rollout_spec
 from learner.run_log import read_metrics
 from rlvr.bench.run_metrics import is_number, run_throughput, steady_window, step_train_tokens
 from rlvr.plan.decode_probe import PROBE_KEYS
@@ -110,54 +111,16 @@ def measure(run_dir: str | Path, skip_first: int | None = None,
         notes.append("DAPO's extra generation batches are not modelled: generation per step is "
                      "taken as the run's mean")
     work = Workload(cfg.rollout.prompts_per_step, cfg.rollout.prompts_per_work,
-                    cfg.weight_sync.sync_every)
+                    cfg.weight_sync.sync_every, rollout_spec(cfg),
+                    cfg.rollout.abort_on_first_correct)
     items = item_records(window)
-    update = [r.get("timing/update") for r in window]
-    tokens = [step_train_tokens(r) for r in window]
-    sync = [r.get("timing/sync") for r in window if is_number(r.get("timing/sync"))]
-    other = [r["perf/step_time"] - r["perf/learner_idle_s"] - r.get("timing/update", 0.0)
-             - (r.get("timing/sync") or 0.0) - (r.get("timing/eval") or 0.0)
-             for r in window if is_number(r.get("perf/step_time"))
-             and is_number(r.get("perf/learner_idle_s"))]
-    pairs = [(t, u) for t, u in zip(tokens, update) if is_number(t) and is_number(u)]
-    per_token = 0.0
-    if len(pairs) >= 5 and np.std([t for t, _ in pairs]) > 0:
-        per_token = max(0.0, float(np.polyfit([t for t, _ in pairs], [u for _, u in pairs], 1)[0]))
-    if staleness == 0:
-        broadcast = _mean(sync)
-    else:  # waits for the item in progress are in it: the quick ones are closest to the broadcast
-        broadcast = float(np.percentile(sync, 10)) if sync else math.nan
-        notes.append(f"measured from a {cfg.mode} run (max_staleness {staleness}): its weight-sync "
-                     "times include waiting for the actor's work item in progress (the broadcast "
-                     "is taken as their 10th percentile) and generation overlaps the learner; a "
-                     "sync run measures both apart")
-    learner = LearnerCosts(fixed_s=max(0.0, _mean(other)), update_s=_mean(update),
-                           update_s_per_token=per_token, mean_train_tokens=_mean(tokens),
-                           broadcast_s=0.0 if math.isnan(broadcast) else broadcast)
+    learner, tokens = _learner_costs(window, cfg, notes)
     train_per_group = [t / work.prompts_per_step for t in tokens if is_number(t)]
     lengths = [r["resp/len_q"] for r in window if isinstance(r.get("resp/len_q"), list)]
-    prompts = []
-    for r in window:
-        groups = r.get("gen/prompt_lengths") or []
-        prompt_tokens = r.get("gen/prompt_tokens") or []
-        if len(prompt_tokens) != len(groups):  # logged before gen/prompt_tokens: DecodeCost's
-            prompt_tokens = [0] * len(groups)  # mean and widest prompt stand in
-        prompts += zip(prompt_tokens, groups)
-    if not prompts:
-        notes.append("the run logged no gen/prompt_lengths (older than that metric): a prompt's "
-                     "response lengths are drawn one by one from the pooled distribution, so its "
-                     "rows end at different times (under continue the simulated engine then "
-                     "holds about half the rows a long-tail run's does)")
+    prompts = _prompt_groups(window, notes)
     generation = fit_generation(items, lengths, train_per_group, prompts)
     probe = decode_probe if decode_probe is not None else load_or_probe(run_dir)
-    decode = DecodeCost(probe["step_s"], probe["row_s"], probe["prefill_s"],
-                        probe["prefill_row_s"], int(probe.get("max_batch", cfg.actors.max_batch)),
-                        col_s=probe["col_s"], prefill_col_s=probe["prefill_col_s"],
-                        prefill_sq_s=probe["prefill_sq_s"],
-                        prefill_tokens_sq_s=probe["prefill_tokens_sq_s"],
-                        prompt_tokens=probe["prompt_tokens"],
-                        prompt_width=probe["prompt_width"],
-                        kv_slots=bool(probe.get("kv_slots", cfg.actors.engine == "hf")))
+    decode = _decode_cost(probe, cfg)
     split = Split(cfg.actors.count, cfg.learner.ranks, 0)
     waits = [r["perf/learner_idle_s"] for r in window if is_number(r.get("perf/learner_idle_s"))]
     overhead, scale = 0.0, 1.0
@@ -184,6 +147,68 @@ def measure(run_dir: str | Path, skip_first: int | None = None,
         decode_scale=scale,
         gen_s_per_step=gen_s, items=len(items),
         measured=run_throughput(rows, cfg.actors.count, skip), notes=notes)
+
+
+def _learner_costs(window: list[dict], cfg, notes: list[str]) -> tuple[LearnerCosts, list]:
+    """The learner's costs per step (update, broadcast, the rest) in the steady window, and the
+    tokens each step trained on."""
+    staleness = cfg.staleness.bound
+    update = [r.get("timing/update") for r in window]
+    tokens = [step_train_tokens(r) for r in window]
+    sync = [r.get("timing/sync") for r in window if is_number(r.get("timing/sync"))]
+    other = [r["perf/step_time"] - r["perf/learner_idle_s"] - r.get("timing/update", 0.0)
+             - (r.get("timing/sync") or 0.0) - (r.get("timing/eval") or 0.0)
+             for r in window if is_number(r.get("perf/step_time"))
+             and is_number(r.get("perf/learner_idle_s"))]
+    pairs = [(t, u) for t, u in zip(tokens, update) if is_number(t) and is_number(u)]
+    per_token = 0.0
+    if len(pairs) >= 5 and np.std([t for t, _ in pairs]) > 0:
+        per_token = max(0.0, float(np.polyfit([t for t, _ in pairs], [u for _, u in pairs], 1)[0]))
+    if staleness == 0:
+        broadcast = _mean(sync)
+    else:  # waits for the item in progress are in it: the quick ones are closest to the broadcast
+        broadcast = float(np.percentile(sync, 10)) if sync else math.nan
+        notes.append(f"measured from a {cfg.mode} run (max_staleness {staleness}): its weight-sync "
+                     "times include waiting for the actor's work item in progress (the broadcast "
+                     "is taken as their 10th percentile) and generation overlaps the learner; a "
+                     "sync run measures both apart")
+    learner = LearnerCosts(fixed_s=max(0.0, _mean(other)), update_s=_mean(update),
+                           update_s_per_token=per_token, mean_train_tokens=_mean(tokens),
+                           broadcast_s=0.0 if math.isnan(broadcast) else broadcast)
+    return learner, tokens
+
+
+def _prompt_groups(window: list[dict], notes: list[str]) -> list[tuple[int, list, list]]:
+    """(prompt tokens, its group's response lengths by stage, their verdicts by stage) of every
+    group in the window."""
+    prompts = []
+    for r in window:
+        groups = r.get("gen/prompt_lengths") or []
+        prompt_tokens = r.get("gen/prompt_tokens") or []
+        if len(prompt_tokens) != len(groups):  # logged before gen/prompt_tokens: DecodeCost's
+            prompt_tokens = [0] * len(groups)  # mean and widest prompt stand in
+        correct = r.get("gen/prompt_correct") or []
+        if len(correct) != len(groups):  # logged before gen/prompt_correct: PromptPlan's
+            correct = [[]] * len(groups)  # default verdicts stand in
+        prompts += zip(prompt_tokens, groups, correct)
+    if not prompts:
+        notes.append("the run logged no gen/prompt_lengths (older than that metric): a prompt's "
+                     "response lengths are drawn one by one from the pooled distribution, so its "
+                     "rows end at different times (under continue the simulated engine then "
+                     "holds about half the rows a long-tail run's does)")
+    return prompts
+
+
+def _decode_cost(probe: dict, cfg) -> DecodeCost:
+    """The decode probe's fit as the simulator's engine costs."""
+    return DecodeCost(probe["step_s"], probe["row_s"], probe["prefill_s"],
+                      probe["prefill_row_s"], int(probe.get("max_batch", cfg.actors.max_batch)),
+                      col_s=probe["col_s"], prefill_col_s=probe["prefill_col_s"],
+                      prefill_sq_s=probe["prefill_sq_s"],
+                      prefill_tokens_sq_s=probe["prefill_tokens_sq_s"],
+                      prompt_tokens=probe["prompt_tokens"],
+                      prompt_width=probe["prompt_width"],
+                      kv_slots=bool(probe.get("kv_slots", cfg.actors.engine == "hf")))
 
 
 def load_or_probe(run_dir: Path) -> dict:
@@ -238,7 +263,7 @@ def calibrate(split: Split, work: Workload, learner: LearnerCosts, generation: G
         make = plus
     else:
         lo, hi, make = 0.0, 1.0, decode.scaled
-    for _ in range(30):
+    while hi - lo > 1e-3 * hi:  # a thousandth of the overhead (or scale): far below the noise
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if wait(make(mid)) < measured_wait_s else (lo, mid)
     x = (lo + hi) / 2

@@ -13,7 +13,7 @@ together, its later stage is the one a hard prompt had and its prompt as long as
 so an engine holds as many rows, as wide, as the run's did (lengths drawn one by one leave
 most of a prompt's rows ended while its longest runs on: half the rows under `continue` on the
 long-tail task). What a stage
-costs in time is the actor model's business (rlvr/plan/stream_actor.py, DecodeCost).
+costs in time is the actor model's business (rlvr/plan/sim_actor.py, DecodeCost).
 
 Pure: random only; `fit_generation` takes plain records (rlvr/plan/measure.py reads them from a
 run folder's `gen/work_items`).
@@ -25,7 +25,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from rlvr.plan.stream_actor import PromptPlan
+from rlvr.plan.sim_actor import PromptPlan
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,12 @@ class GenerationModel:
     """Response-length deciles of the run's steps (each 11 values, p0..p100)."""
     train_tokens_per_group: tuple[float, ...]
     """Trained tokens per group of the run's steps (one value per step)."""
-    prompts: tuple[tuple[int, tuple[tuple[int, ...], ...]], ...] = ()
-    """The run's groups as generated: (prompt tokens or 0, per stage its responses' lengths)
-    (gen/prompt_tokens, gen/prompt_lengths); empty: stages and lengths drawn from the fitted
-    rates and the pooled lengths."""
+    prompts: tuple[tuple[int, tuple[tuple[int, ...], ...], tuple[tuple[bool, ...], ...]],
+                   ...] = ()
+    """The run's groups as generated: (prompt tokens or 0, per stage its responses' lengths,
+    per stage their verdicts or () where not logged) (gen/prompt_tokens, gen/prompt_lengths,
+    gen/prompt_correct); empty: stages and lengths drawn from the fitted rates and the pooled
+    lengths."""
 
     def draw_length(self, rng: random.Random) -> int:
         q = self.length_quantiles[rng.randrange(len(self.length_quantiles))]
@@ -64,8 +66,8 @@ class GenerationModel:
     def __call__(self, rng: random.Random) -> PromptPlan:
         if self.prompts:
             tokens = self.train_tokens_per_group[rng.randrange(len(self.train_tokens_per_group))]
-            prompt, stages = self.prompts[rng.randrange(len(self.prompts))]
-            return PromptPlan(stages, tokens, prompt)
+            prompt, stages, correct = self.prompts[rng.randrange(len(self.prompts))]
+            return PromptPlan(stages, tokens, prompt, correct)
         stages = []
         for s, (stay, per) in enumerate(zip(self.stay_rate, self.responses_per_active)):
             if s > 0 and rng.random() >= stay:
@@ -78,10 +80,11 @@ class GenerationModel:
 
 def fit_generation(items: list[ItemRecord], length_quantiles: list[list[float]],
                    train_tokens_per_group: list[float],
-                   prompts: list[tuple[int, list[list[int]]]] = ()) -> GenerationModel:
+                   prompts: list[tuple[int, list[list[int]], list[list[int]]]] = ()
+                   ) -> GenerationModel:
     """The run's stages, lengths and trained tokens, from its work items (gen/work_items), and
-    its groups where logged: (prompt tokens or 0, lengths by stage) (gen/prompt_tokens,
-    gen/prompt_lengths)."""
+    its groups where logged: (prompt tokens or 0, lengths by stage, verdicts by stage or [])
+    (gen/prompt_tokens, gen/prompt_lengths, gen/prompt_correct)."""
     if len(items) < 5 or not any(it.stages for it in items):
         raise ValueError(f"{len(items)} work items logged (gen/work_items): too few to fit the "
                          "run's stages (need >= 5; is the run older than that metric?)")
@@ -94,8 +97,14 @@ def fit_generation(items: list[ItemRecord], length_quantiles: list[list[float]],
     stay = tuple([1.0] + [prompts_at[s] / prompts_at[s - 1] if prompts_at[s - 1] else 0.0
                           for s in range(1, depth)])
     per = tuple(responses_at[s] / prompts_at[s] if prompts_at[s] else 0.0 for s in range(depth))
-    kept = [(max(0, int(n)), tuple(tuple(max(1, int(x)) for x in stage) for stage in p if stage))
-            for n, p in prompts]
+    kept = []
+    for n, lengths, correct in prompts:
+        if [len(s) for s in correct] != [len(s) for s in lengths]:
+            correct = []  # not logged (or not for these lengths): the plan's default verdicts
+        stages = [(tuple(max(1, int(x)) for x in s), tuple(bool(c) for c in v))
+                  for s, v in zip(lengths, correct or [[]] * len(lengths)) if s]
+        if stages:
+            kept.append((max(0, int(n)), tuple(s for s, _ in stages),
+                         tuple(v for _, v in stages) if correct else ()))
     return GenerationModel(stay, per, tuple(tuple(q) for q in length_quantiles),
-                           tuple(train_tokens_per_group) or (0.0,),
-                           tuple((n, p) for n, p in kept if p))
+                           tuple(train_tokens_per_group) or (0.0,), tuple(kept))

@@ -10,17 +10,18 @@ The schedule it plays (docs/ARCHITECTURE.md "How data flows"; docs/ALGORITHMS.md
     while the admission bound allows (`submitted + 1 <= (version + S + 1) * prompts_per_step`,
     S = max_staleness, 0 = sync), each to the actor with the fewest prompts in flight, and
     re-checks the bound whenever a work item comes back; it never admits while it trains;
-  - an actor decodes every request it holds at once (rlvr/plan/stream_actor.py): each prompt's
+  - an actor is the actor's own rollout code, actors/rollouts.py and its per-prompt scheduler,
+    over an engine that keeps time instead of decoding (rlvr/plan/sim_actor.py): each prompt's
     stages run as soon as the engine has room, a decode step costs more with more rows and
-    with longer contexts (the rows' prompts and answers so far), and a
-    prompt's group comes back the moment its last stage is done, counted as sampled by the
-    weights its first sample started under;
+    with longer contexts (the rows' prompts and answers so far), and a prompt's group comes
+    back the moment the scheduler completes it, counted as sampled by the weights its first
+    sample started under;
   - the learner takes the first `prompts_per_step` groups that came back, drops a group staler
     than S (its admission slot is freed), trains (fixed work + the update, which R data-parallel
     ranks share), and every `sync_every` steps publishes weights: every actor joins the
-    broadcast once the requests it is decoding are done, starting no new ones meanwhile
-    (`actors.inflight_update: finish`; an idle one joins at once), and the broadcast itself
-    takes `broadcast_s` once all have joined;
+    broadcast as `actors.inflight_update` says (`finish`: once the requests it is decoding are
+    done, starting no new ones meanwhile; an idle one joins at once; `continue`, `abort`,
+    `recompute`: at once), and the broadcast itself takes `broadcast_s` once all have joined;
   - by default actors and learner ranks compute on devices of their own (a cluster); with a
     `Machine(shared_cores=C, ...)` they share C cores: while k of them compute at once each
     runs at min(1, C / k) of its speed, divided by the slowdown measured for its role when
@@ -45,7 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from protocol.staleness import Staleness
-from rlvr.plan.stream_actor import DecodeCost, PromptPlan, StreamActor
+from protocol.messages import RolloutSpec
+from rlvr.plan.sim_actor import DecodeCost, PromptPlan, SimActor
 
 __all__ = ["CLUSTER", "DecodeCost", "Generation", "LearnerCosts", "Machine", "PromptPlan",
            "SimResult", "Split", "Workload", "fixed_prompts", "simulate"]
@@ -87,6 +89,11 @@ class Workload:
     """Prompts per work item handed to an actor (rollout.prompts_per_work)."""
     sync_every: int = 1
     """Weights are published every this many steps (weight_sync.sync_every)."""
+    rollout: RolloutSpec | None = None
+    """The rollout policy the actors run (learner/data.py `rollout_spec`); None: the one that
+    runs each prompt's plan as it is (rlvr/plan/sim_actor.py `plans_rollout`)."""
+    abort_on_first_correct: bool = False
+    """rollout.abort_on_first_correct."""
 
 
 @dataclass(frozen=True)
@@ -177,8 +184,8 @@ class _World:
                  machine: Machine, rng: random.Random):
         self.split, self.work, self.gen, self.machine, self.rng = split, work, generation, \
             machine, rng
-        self.actors = [StreamActor(decode, abort_limit=split.abort_limit)
-                       for _ in range(split.actors)]
+        self.actors = [SimActor(decode, work.rollout, work.abort_on_first_correct,
+                                split.abort_limit) for _ in range(split.actors)]
         self.learner_remaining: float | None = None  # work-seconds left of its compute
         self.now = 0.0
         self.submitted = 0
@@ -196,7 +203,7 @@ class _World:
                 return
             self.submitted += fresh
             actor = min(self.actors, key=lambda a: a.inflight)  # the first among equals
-            actor.add([self.gen(self.rng) for _ in range(fresh)])
+            self.ready.extend(actor.add([self.gen(self.rng) for _ in range(fresh)]))
 
     def _computing(self) -> int:
         learner = self.split.learner_ranks if self.learner_remaining is not None else 0
@@ -242,7 +249,7 @@ class _World:
             self.advance()
         self.now += broadcast_s  # every actor is in the broadcast: nothing else computes
         for a in self.actors:
-            a.release(version)
+            self.ready.extend(a.release(version))
 
 
 def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Generation,
