@@ -190,6 +190,7 @@ class _World:
         self.now = 0.0
         self.submitted = 0
         self.ready: deque = deque()  # groups: (weights version, train tokens)
+        self.dropped = self.over_bound = 0  # groups staler than the bound: dropped, trained
 
     def admit(self, version: int) -> None:
         """coordinator.admit: work items while the bound allows, to the least loaded actor."""
@@ -204,6 +205,26 @@ class _World:
             self.submitted += fresh
             actor = min(self.actors, key=lambda a: a.inflight)  # the first among equals
             self.ready.extend(actor.add([self.gen(self.rng) for _ in range(fresh)]))
+
+    def gather(self, need: int, version: int, published: int) -> list[tuple[int, float]]:
+        """learner/gather.py StepGatherer.gather: the step's `need` groups, admitting against
+        the actors' weights (`published`) while the actors run; a group staler than the bound
+        is dropped (its slot goes to another) or taken and counted, as the policy says."""
+        staleness, taken = self.split.staleness, []
+        while True:
+            self.admit(published)
+            while self.ready and len(taken) < need:
+                group = self.ready.popleft()
+                if staleness.dropped(version - group[0]):
+                    self.dropped += 1
+                    self.submitted -= 1
+                    continue
+                self.over_bound += staleness.over_bound(version - group[0])
+                taken.append(group)
+            if len(taken) >= need:
+                return taken
+            if not self.advance():
+                raise RuntimeError("simulation stalled: no work in flight and none admitted")
 
     def _computing(self) -> int:
         learner = self.split.learner_ranks if self.learner_remaining is not None else 0
@@ -256,30 +277,14 @@ def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Gene
              decode: DecodeCost, steps: int = 200, seed: int = 0, skip_first: int | None = None,
              machine: Machine = CLUSTER) -> SimResult:
     """Play `steps` learner steps; rates over the steps after `skip_first` (default steps/10)."""
-    if split.actors < 1 or split.learner_ranks < 1 or split.max_staleness < 0:
-        raise ValueError(f"need actors >= 1, learner_ranks >= 1, max_staleness >= 0: {split}")
-    if split.inflight_update not in ("finish", "continue", "abort", "recompute"):
-        raise ValueError(f"inflight_update must be finish, continue, abort or recompute: {split}")
-    if split.stale_policy not in ("tis", "downweight", "drop"):
-        raise ValueError(f"stale_policy must be tis, downweight or drop: {split}")
-    if work.prompts_per_step < 1 or work.prompts_per_work < 1 or work.sync_every < 1:
-        raise ValueError(f"need prompts_per_step, prompts_per_work, sync_every >= 1: {work}")
-    if work.sync_every - 1 > split.max_staleness:
-        # between publishes the actors' weights fall sync_every - 1 versions behind, and
-        # admission counts from theirs: the last steps before a publish would wait for groups
-        # the bound never lets out (the config refuses it)
-        raise ValueError(f"sync_every {work.sync_every} needs max_staleness >= "
-                         f"{work.sync_every - 1}, got {split.max_staleness}")
-    if steps < 2:
-        raise ValueError("simulate at least 2 steps")
+    _check(split, work, steps)
     skip = max(1, steps // 10) if skip_first is None else skip_first
     skip = min(skip, steps - 1)
     world = _World(split, work, generation, decode, machine, random.Random(seed))
-    need, staleness = work.prompts_per_step, split.staleness
-    bound = staleness.bound
+    need, bound = work.prompts_per_step, split.staleness.bound
     version = published = 0
     stale_hist = [0] * (bound + 2)
-    dropped = over_bound = stale_max = stale_sum = 0
+    stale_max = stale_sum = 0
     step_s, gather_s, sync_s = [], [], []
     busy_at_skip = [0.0] * split.actors
     t_skip = 0.0
@@ -288,21 +293,7 @@ def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Gene
             t_skip = world.now
             busy_at_skip = [a.busy_s for a in world.actors]
         t0 = world.now
-        taken: list[tuple[int, float]] = []
-        while True:  # learner/gather.py StepGatherer.gather
-            world.admit(published)  # the learner admits against the actors' weights
-            while world.ready and len(taken) < need:
-                group = world.ready.popleft()
-                if staleness.dropped(version - group[0]):  # its slot goes to another
-                    dropped += 1
-                    world.submitted -= 1
-                    continue
-                over_bound += staleness.over_bound(version - group[0])
-                taken.append(group)
-            if len(taken) >= need:
-                break
-            if not world.advance():
-                raise RuntimeError("simulation stalled: no work in flight and none admitted")
+        taken = world.gather(need, version, published)
         gather_s.append(world.now - t0)
         for v, _ in taken:
             stale_hist[min(version - v, bound + 1)] += 1
@@ -328,5 +319,25 @@ def simulate(split: Split, work: Workload, costs: LearnerCosts, generation: Gene
         sync_s_per_step=sum(sync_s[skip:]) / len(window),
         gather_s_per_step=sum(gather_s[skip:]) / len(window),
         stale_mean=stale_sum / total if total else 0.0,
-        stale_max=stale_max, stale_hist=stale_hist, dropped_groups=dropped,
-        over_bound_groups=over_bound, step_s=step_s)
+        stale_max=stale_max, stale_hist=stale_hist, dropped_groups=world.dropped,
+        over_bound_groups=world.over_bound, step_s=step_s)
+
+
+def _check(split: Split, work: Workload, steps: int) -> None:
+    """Refuse a split, workload or length the schedule cannot run."""
+    if split.actors < 1 or split.learner_ranks < 1 or split.max_staleness < 0:
+        raise ValueError(f"need actors >= 1, learner_ranks >= 1, max_staleness >= 0: {split}")
+    if split.inflight_update not in ("finish", "continue", "abort", "recompute"):
+        raise ValueError(f"inflight_update must be finish, continue, abort or recompute: {split}")
+    if split.stale_policy not in ("tis", "downweight", "drop"):
+        raise ValueError(f"stale_policy must be tis, downweight or drop: {split}")
+    if work.prompts_per_step < 1 or work.prompts_per_work < 1 or work.sync_every < 1:
+        raise ValueError(f"need prompts_per_step, prompts_per_work, sync_every >= 1: {work}")
+    if work.sync_every - 1 > split.max_staleness:
+        # between publishes the actors' weights fall sync_every - 1 versions behind, and
+        # admission counts from theirs: the last steps before a publish would wait for groups
+        # the bound never lets out (the config refuses it)
+        raise ValueError(f"sync_every {work.sync_every} needs max_staleness >= "
+                         f"{work.sync_every - 1}, got {split.max_staleness}")
+    if steps < 2:
+        raise ValueError("simulate at least 2 steps")
