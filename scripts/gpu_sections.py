@@ -263,10 +263,12 @@ def async_train(res, save, workdir: Path, device: str, dry_run: bool) -> None:
     cfg = ROOT / "configs" / "tiny-cpu.yaml"
     out_dir = workdir / "runs"
     # gloo weight sync: NCCL cannot put the learner and the actor on the same GPU. A 60-step
-    # warm start (the suite's): the run checks the async machinery on the device, not learning
+    # warm start (the suite's): the run checks the async machinery on the device, not learning.
+    # GPU_CHECK_WARM_CACHE: a cache that may hold it already (the suite's, in its dry run)
+    cache = os.environ.get("GPU_CHECK_WARM_CACHE") or workdir / "warm"
     argv = ["rlvr", "train", str(cfg), f"model.device={device}",
             f"run.steps={3 if dry_run else 20}", "mode=async", "weight_sync.backend=gloo",
-            "warm_start.steps=60", f"warm_start.cache_dir={workdir / 'warm'}",
+            "warm_start.steps=60", f"warm_start.cache_dir={cache}",
             f"run.out_dir={out_dir}", "run.name=gpu-check", "run.wandb=disabled",
             "run.progress=false"]
     code = f"import sys; sys.argv = {argv!r}; from rlvr.cli import main; sys.exit(main())"

@@ -16,9 +16,12 @@ pytestmark = pytest.mark.slow
 SECTIONS = {"hf_generate", "learner_step", "weight_handover", "async_train", "vllm_engine"}
 
 
-def test_the_gpu_checks_dry_run_runs_every_section_and_records_what_it_measures(tmp_path):
+def test_the_gpu_checks_dry_run_runs_every_section_and_records_what_it_measures(tmp_path,
+                                                                              tiny_model):
+    # its async run starts from the suite's 60-step warm start, found in the suite's cache
+    env = {**rlvr_env(), "GPU_CHECK_WARM_CACHE": str(tiny_model.parent)}
     done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--dry-run", "--out",
-                           str(tmp_path)], cwd=ROOT, env=rlvr_env(), capture_output=True,
+                           str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=1300)
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     sections = report["sections"]

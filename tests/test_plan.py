@@ -362,3 +362,32 @@ def test_a_prompt_is_drawn_whole_from_the_runs_groups_its_answers_long_or_short_
         # and their verdicts: the simulated actor's scheduler stops a stage where the run's did
         assert plan.correct == (((False, False, False, False), (False, False, True, False))
                                 if min(lengths) >= 180 else ((True, False, False, False),))
+
+
+def test_a_decode_profile_from_elsewhere_replaces_the_probe_its_scale_calibrated_on_the_run(
+        tmp_path):
+    # an engine whose decode step costs the same for 1 row as for 512 (a GPU's, roughly): the
+    # run's sync waits calibrate its scale, so the sync row still replays the run, and the async
+    # prediction is the flat engine's (its sync step already holds every row at once)
+    run = write_sync_run(tmp_path / "run")
+    flat = {**PROBE, **dict.fromkeys(("row_s", "col_s", "prefill_row_s", "prefill_col_s",
+                                      "prefill_sq_s", "prefill_tokens_sq_s"), 0.0)}
+    profile = tmp_path / "flat.json"
+    profile.write_text(json.dumps(flat))
+    own, gpu = (plan(run, actors=[1], ranks=[1], staleness=[0, 2], steps=100, seeds=1,
+                     decode_profile=p) for p in (None, profile))
+    assert gpu["costs"]["decode"]["row_s"] == 0 and own["costs"]["decode"]["row_s"] > 0
+    assert any(str(profile) in note for note in gpu["notes"])
+
+    def rate(result, staleness):
+        return next(r["steps_per_min"] for r in result["rows"]
+                    if r["max_staleness"] == staleness)
+
+    for result in (own, gpu):
+        g, t = result["costs"]["G_s"], result["costs"]["T_s"]
+        assert rate(result, 0) == pytest.approx(60 / (g + t), rel=0.03)
+    assert rate(gpu, 2) / rate(gpu, 0) < 0.95 * rate(own, 2) / rate(own, 0)
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({k: v for k, v in flat.items() if k != "col_s"}))
+    with pytest.raises(ValueError, match="broken.json: no col_s"):
+        plan(run, actors=[1], ranks=[1], staleness=[0], decode_profile=broken)

@@ -211,24 +211,31 @@ def _decode_cost(probe: dict, cfg) -> DecodeCost:
                       kv_slots=bool(probe.get("kv_slots", cfg.actors.engine == "hf")))
 
 
+def read_probe(path: Path, remedy: str) -> dict:
+    """A decode probe's result (or a profile written like one) from `path`: every cost in
+    PROBE_KEYS, as numbers; an error names the file and the `remedy`."""
+    try:
+        probe = json.loads(Path(path).read_text())
+        if not isinstance(probe, dict):
+            raise TypeError(f"a {type(probe).__name__}, not an object")
+        costs = {k: float(probe[k]) for k in PROBE_KEYS if k in probe}
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"{path}: not a decode probe result ({e}); {remedy}") from None
+    missing = [k for k in PROBE_KEYS if k not in costs]
+    if missing:
+        raise ValueError(f"{path}: no {', '.join(missing)} (a decode probe result has every "
+                         f"one of {', '.join(PROBE_KEYS)}); {remedy}")
+    if min(costs.values()) < 0:
+        raise ValueError(f"{path}: a cost below 0 ({costs}); {remedy}")
+    return probe | costs
+
+
 def load_or_probe(run_dir: Path) -> dict:
     """The decode probe's result for this run: RUN_DIR/plan/decode_cost.json, else measured now
     (the run's engine and model on this machine) and kept there."""
     path = run_dir / DECODE_COST_FILE
     if path.exists():
-        try:
-            probe = json.loads(path.read_text())
-            if not isinstance(probe, dict):
-                raise TypeError(f"a {type(probe).__name__}, not an object")
-            costs = {k: float(probe[k]) for k in PROBE_KEYS if k in probe}
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"{path}: not a decode probe result ({e}); delete it to measure "
-                             "again") from None
-        missing = [k for k in PROBE_KEYS if k not in costs]
-        if missing:
-            raise ValueError(f"{path}: measured by an earlier decode probe (no "
-                             f"{', '.join(missing)}); delete it to measure again")
-        return probe | costs
+        return read_probe(path, "delete it to measure again")
     from rlvr.plan.decode_probe import measure_decode_cost  # loads torch: only when needed
 
     print(f"plan: measuring the engine's decode step costs for {run_dir} "

@@ -36,7 +36,7 @@ import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from rlvr.plan.measure import Measurements, measure
+from rlvr.plan.measure import DECODE_COST_FILE, Measurements, measure, read_probe
 from rlvr.plan.sim import CLUSTER, Machine, Split, simulate
 
 
@@ -79,8 +79,17 @@ def overlap_bound_steps_per_min(m: Measurements, split: Split, allreduce_s: floa
 def plan(run_dir: str | Path, actors: list[int], ranks: list[int], staleness: list[int],
          steps: int = 400, seeds: int = 3, allreduce_s: float = 0.0,
          gpus: int | None = None, machine: Machine = CLUSTER,
-         inflight: list[str] | None = None) -> dict:
-    m = measure(run_dir)
+         inflight: list[str] | None = None, decode_profile: str | Path | None = None) -> dict:
+    """`decode_profile`: a decode probe's result (decode_cost.json) from another engine or
+    machine, used instead of probing the run's: its costs' shape is taken, their scale is
+    calibrated on the run's sync waits as a probe's is."""
+    probe = None
+    if decode_profile is not None:
+        probe = read_probe(decode_profile, "give a file a decode probe wrote "
+                                           f"(RUN_DIR/{DECODE_COST_FILE})")
+    m = measure(run_dir, decode_probe=probe)
+    if decode_profile is not None:
+        m.notes.append(f"decode costs from {decode_profile}, not probed on this run's engine")
     policies = inflight or [m.inflight_update]
     # in sync nothing is in flight when weights come: one row, whatever the policy
     splits = [Split(a, r, s, p, m.stale_policy, m.abort_limit)
@@ -216,7 +225,7 @@ def run(args) -> int:
     machine = Machine(args.shared_cores, slow[0], slow[-1])
     try:
         result = plan(args.run_dir, actors, ranks, staleness, args.steps, args.seeds,
-                      args.allreduce_s, args.gpus, machine, inflight)
+                      args.allreduce_s, args.gpus, machine, inflight, args.decode_profile)
     except ValueError as e:
         print(f"rlvr plan: {e}", flush=True)
         return 2
@@ -251,6 +260,10 @@ def add_cli(sub) -> None:
     p.add_argument("--slowdown", default="1",
                    help="with --shared-cores: actor[,learner] slowdown while another process "
                         "computes (python -m rlvr.plan.contention RUN_DIR measures them)")
+    p.add_argument("--decode-profile", metavar="FILE",
+                   help="decode costs from another engine or machine (a decode probe's "
+                        f"RUN_DIR/{DECODE_COST_FILE}) instead of probing the run's: their "
+                        "shape is taken, their scale calibrated on the run's sync waits")
     p.add_argument("--out", help="folder for plan.json (default RUN_DIR/plan)")
     p.add_argument("--staleness-curve", help="results.json of `rlvr bench staleness`: show "
                    "which objectives stay within 2 points at each split's staleness")
