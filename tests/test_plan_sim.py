@@ -1,5 +1,5 @@
-"""The schedule simulator behind `rlvr plan` (rlvr/plan/sim.py, sim_actor.py): exact cases
-and properties.
+"""The schedule simulator behind `rlvr plan` (rlvr/plan/sim.py, sim_actor.py, sim_engine.py):
+exact cases and properties.
 
 Most cases cost a request per row only (DecodeCost(step_s=0, row_s=...)): then batching buys
 nothing and a step's generation is a known number of seconds however the requests overlap. The

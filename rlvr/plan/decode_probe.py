@@ -31,7 +31,7 @@ a prompt, 2 ms; 512 rows of 300 columns, 16 s), and least squares on seconds fit
 few and misses the middle by 30-60%, where a run's re-prefills of 150-250 rows lie
 (tests/data/longtail_prefills.json, tests/test_plan.py).
 
-The simulator's `DecodeCost` takes them (rlvr/plan/sim_actor.py); `rlvr plan` adds the actor
+The simulator's `DecodeCost` takes them (rlvr/plan/sim_engine.py); `rlvr plan` adds the actor
 loop's own time per step (messages, the verifier), calibrated on the measured run. Whatever else
 runs on the machine at that moment is in the numbers.
 """

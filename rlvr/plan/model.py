@@ -13,7 +13,7 @@ together, its later stage is the one a hard prompt had and its prompt as long as
 so an engine holds as many rows, as wide, as the run's did (lengths drawn one by one leave
 most of a prompt's rows ended while its longest runs on: half the rows under `continue` on the
 long-tail task). What a stage
-costs in time is the actor model's business (rlvr/plan/sim_actor.py, DecodeCost).
+costs in time is the actor model's business (rlvr/plan/sim_engine.py, DecodeCost).
 
 Pure: random only; `fit_generation` takes plain records (rlvr/plan/measure.py reads them from a
 run folder's `gen/work_items`).
@@ -25,7 +25,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from rlvr.plan.sim_actor import PromptPlan
+from rlvr.plan.sim_engine import PromptPlan
 
 
 @dataclass(frozen=True)

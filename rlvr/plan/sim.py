@@ -11,11 +11,11 @@ The schedule it plays (docs/ARCHITECTURE.md "How data flows"; docs/ALGORITHMS.md
     S = max_staleness, 0 = sync), each to the actor with the fewest prompts in flight, and
     re-checks the bound whenever a work item comes back; it never admits while it trains;
   - an actor is the actor's own rollout code, actors/rollouts.py and its per-prompt scheduler,
-    over an engine that keeps time instead of decoding (rlvr/plan/sim_actor.py): each prompt's
-    stages run as soon as the engine has room, a decode step costs more with more rows and
-    with longer contexts (the rows' prompts and answers so far), and a prompt's group comes
-    back the moment the scheduler completes it, counted as sampled by the weights its first
-    sample started under;
+    over an engine that keeps time instead of decoding (rlvr/plan/sim_actor.py, sim_engine.py):
+    each prompt's stages run as soon as the engine has room, a decode step costs more with more
+    rows and with longer contexts (the rows' prompts and answers so far), and a prompt's group
+    comes back the moment the scheduler completes it, counted as sampled by the weights its
+    first sample started under;
   - the learner takes the first `prompts_per_step` groups that came back, drops a group staler
     than S (its admission slot is freed), trains (fixed work + the update, which R data-parallel
     ranks share), and every `sync_every` steps publishes weights: every actor joins the
@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 
 from protocol.staleness import Staleness
 from protocol.messages import RolloutSpec
-from rlvr.plan.sim_actor import DecodeCost, PromptPlan, SimActor
+from rlvr.plan.sim_actor import SimActor
+from rlvr.plan.sim_engine import DecodeCost, PromptPlan
 
 __all__ = ["CLUSTER", "DecodeCost", "Generation", "LearnerCosts", "Machine", "PromptPlan",
            "SimResult", "Split", "Workload", "fixed_prompts", "simulate"]
