@@ -44,7 +44,7 @@ class _Verdicts:
         return len(self._ready)
 
     def put(self, key, response: str, answer: str, fields: dict | None = None) -> None:
-        self._ready.append((key, Score.of_acc(self.engine.samples[int(response)][2])))
+        self._ready.append((key, Score.of_acc(self.engine.samples[int(response)][3])))
 
     def results(self, wait_s: float = 0.0) -> list:
         out, self._ready = self._ready, []
@@ -150,9 +150,7 @@ class SimActor:
         done = []
         while True:
             done += self.rollouts.step()
-            e = self.engine
-            if not (e.queued and not self.rollouts.holding and len(e.running_) < e.max_rows
-                    or e.running_ and e.stall <= 1e-15 and e.running_[0][0] <= e.steps + 1e-9):
+            if not self.engine.due(admit=not self.rollouts.holding):
                 break
         groups = []
         for result in done:

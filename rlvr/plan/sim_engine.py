@@ -137,15 +137,15 @@ class SimEngine:
         self.redo = False  # requests aborted now are sampled again from scratch (`abort`)
         self.syncing = False  # a sync stops requests now: the prefill in progress is given up
         self.plans: dict[int, PromptPlan] = {}  # by prompt key
-        self.samples: dict[int, tuple[int, int, bool]] = {}  # id -> (key, length, correct)
+        # id -> (prompt key, stage, length, correct)
+        self.samples: dict[int, tuple[int, int, int, bool]] = {}
         self._taken: defaultdict = defaultdict(int)  # (key, stage) -> samples handed out
         self._returned: defaultdict = defaultdict(deque)  # (key, stage) -> samples to redo
-        self._stage_of_sample: dict[int, int] = {}
         self._sample_ids = 0
         self._samples_of: defaultdict = defaultdict(list)  # by prompt key
         self._ids: dict[int, list[int]] = {}  # each prompt's token ids, by key
         self.queued: deque[_Request] = deque()
-        self.running_: list = []  # heap of (end, seq, request)
+        self._heap: list = []  # heap of (end, seq, request)
         self._live: dict[int, _Request] = {}  # the running requests by id, in the order started
         self.steps = 0.0  # decode steps done
         self.stall = 0.0  # work-seconds of prefill before decoding goes on
@@ -172,29 +172,29 @@ class SimEngine:
             sample = prompt_token_ids[-1]
         else:
             sample = self._next_sample(key, self.stage_of(request_id))
-        length = min(self.samples[sample][1] - has, max_new_tokens)
+        length = min(self.samples[sample][2] - has, max_new_tokens)
         self.queued.append(_Request(request_id, key, sample, max(1, length), has))
 
     def step(self, admit: bool = True) -> list[Finished]:
         """The requests ended by now (once the prefill is paid), then the queued ones start."""
         done = []
-        while (self.running_ and self.stall <= 1e-15
-               and self.running_[0][0] <= self.steps + 1e-9):
-            _, _, r = heapq.heappop(self.running_)
+        while (self._heap and self.stall <= 1e-15
+               and self._heap[0][0] <= self.steps + 1e-9):
+            _, _, r = heapq.heappop(self._heap)
             del self._live[r.rid]
             self._free_slot(r.seq)
             self._offset_sum -= r.offset
             done.append(Finished(r.rid, [r.sample] * r.length, [0.0] * r.length,
                                  [(r.version, r.length)], False))
-        if not self.running_:
+        if not self._heap:
             self._offset_sum, self._widest = 0.0, []  # no drift, no dead entries kept
-        elif len(self._widest) > 2 * len(self.running_) + 64:  # dead entries below the top
-            self._widest = [(-r.offset, r.seq) for *_, r in self.running_]
+        elif len(self._widest) > 2 * len(self._heap) + 64:  # dead entries below the top
+            self._widest = [(-r.offset, r.seq) for *_, r in self._heap]
             heapq.heapify(self._widest)
         self._compact()
         if admit:
             self._start()
-        self.last_step_rows = len(self.running_)
+        self.last_step_rows = len(self._heap)
         return done
 
     def abort(self, request_ids) -> list[Aborted]:
@@ -210,7 +210,7 @@ class SimEngine:
                 out.append(self._aborted(r, sampled))
         out += [self._aborted(r, 0) for r in self.queued if r.rid in stop]
         self.queued = deque(r for r in self.queued if r.rid not in stop)
-        self._run([e for e in self.running_ if e[2].rid not in stop])
+        self._run([e for e in self._heap if e[2].rid not in stop])
         if self.syncing:
             self.stall = 0.0
         return out
@@ -218,8 +218,14 @@ class SimEngine:
     def running(self) -> list[int]:
         return list(self._live)
 
+    def due(self, admit: bool) -> bool:
+        """Would a `step(admit)` now end a request or start one?"""
+        return bool(admit and self.queued and len(self._heap) < self.cost.max_batch
+                    or self._heap and self.stall <= 1e-15
+                    and self._heap[0][0] <= self.steps + 1e-9)
+
     def unfinished(self) -> int:
-        return len(self.running_) + len(self.queued)
+        return len(self._heap) + len(self.queued)
 
     def close(self) -> None:
         pass
@@ -227,12 +233,12 @@ class SimEngine:
     # -- time ---------------------------------------------------------------------------------
     @property
     def computing(self) -> bool:
-        return bool(self.running_) or self.stall > 1e-15
+        return bool(self._heap) or self.stall > 1e-15
 
     def _step_cost(self) -> tuple[float, float]:
         """(cost of the next decode step, its growth per step after): with the rows constant,
         every row's context (or the shared window) grows by one column a step."""
-        rows = len(self.running_)
+        rows = len(self._heap)
         if not rows:
             return 0.0, 0.0
         if self.cost.kv_slots:
@@ -257,9 +263,9 @@ class SimEngine:
     def work_to_next_event(self) -> float:
         """Work-seconds until a request ends (or the prefill is paid)."""
         work = self.stall
-        if self.running_:
+        if self._heap:
             first, growth = self._step_cost()
-            steps = max(0.0, self.running_[0][0] - self.steps)
+            steps = max(0.0, self._heap[0][0] - self.steps)
             work += first * steps + growth * steps * steps / 2
         return max(0.0, work)
 
@@ -270,10 +276,10 @@ class SimEngine:
         burn = min(self.stall, work)
         self.stall -= burn
         work -= burn
-        if self.running_:
+        if self._heap:
             first, growth = self._step_cost()
             if first <= 0 and growth <= 0:  # free decoding: the next request ends at once
-                self.steps = max(self.steps, self.running_[0][0])
+                self.steps = max(self.steps, self._heap[0][0])
             elif work > 0:
                 self.steps += self._steps_for(work, first, growth)
 
@@ -296,24 +302,20 @@ class SimEngine:
         self._taken[key, stage] += 1
         self._sample_ids += 1
         sample = self._sample_ids
-        self.samples[sample] = (key, *self.plans[key].sample(stage, index))
-        self._stage_of_sample[sample] = stage
+        self.samples[sample] = (key, stage, *self.plans[key].sample(stage, index))
         self._samples_of[key].append(sample)
         return sample
 
     def _aborted(self, r: _Request, sampled: int) -> Aborted:
         if self.redo or sampled == 0 and not r.has:
-            self._returned[r.key, self._stage_of_sample[r.sample]].append(r.sample)
+            self._returned[r.key, self.samples[r.sample][1]].append(r.sample)
         return Aborted(r.rid, sampled, 0.0, (r.sample,) * sampled, (0.0,) * sampled,
                        ((r.version, sampled),) if sampled else ())
 
     def forget(self, key: int) -> None:
         """A prompt's group is done: its samples are not asked for again."""
         del self.plans[key], self._ids[key]
-        stages = set()
-        for s in self._samples_of.pop(key, ()):
-            stages.add(self._stage_of_sample.pop(s))
-            del self.samples[s]
+        stages = {self.samples.pop(s)[1] for s in self._samples_of.pop(key, ())}
         for stage in stages:
             self._taken.pop((key, stage), None)
             self._returned.pop((key, stage), None)
@@ -321,8 +323,8 @@ class SimEngine:
     # -- running requests ---------------------------------------------------------------------
     def _run(self, entries: list) -> None:
         """The running requests are these (a sync stopped the others)."""
-        self.running_ = list(entries)
-        heapq.heapify(self.running_)
+        self._heap = list(entries)
+        heapq.heapify(self._heap)
         self._live = {r.rid: r for *_, r in sorted(entries, key=lambda e: e[1])}
         for seq in set(self._slot_of) - {r.seq for *_, r in entries}:
             self._free_slot(seq)
@@ -336,7 +338,7 @@ class SimEngine:
         started, widest, total = 0, 0.0, 0.0
         if self.stall <= 1e-15:  # a new prefill: the earlier ones are paid
             self._unpaid_from = self._seq + 1
-        while self.queued and len(self.running_) < self.cost.max_batch:
+        while self.queued and len(self._heap) < self.cost.max_batch:
             r = self.queued.popleft()
             self._seq += 1
             # its context at a later step s is offset + s; the prefill samples the first token,
@@ -344,7 +346,7 @@ class SimEngine:
             r.seq, r.version = self._seq, self.policy_version
             r.offset = self._prompt_tokens(r.key) + r.has - self.steps
             r.start, r.end = self.steps, self.steps + max(0, r.length - 1)
-            heapq.heappush(self.running_, (r.end, r.seq, r))
+            heapq.heappush(self._heap, (r.end, r.seq, r))
             self._live[r.rid] = r
             self._take_slot(r.seq)
             self._offset_sum += r.offset
